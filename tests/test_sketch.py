@@ -236,3 +236,30 @@ def test_soft_intersection_uses_only_the_private_cells():
     assert list(got) == [1, 2] and list(est) == [7.0, 5.0]
     got, _ = soft_intersection(ptr, docs, counts, full, np.array([0, 0, 1, 1], bool), 1, 1.0)
     assert list(got) == [9]
+
+
+def test_soft_intersection_breaks_equal_bounds_by_what_the_cells_show():
+    # docs 2 and 3 reach 9 in one cell but are left out of the other (minimum 5): bound 5, like
+    # doc 7, whose 5 was seen in both cells; the seen value wins over lower ids
+    ptr = np.array([0, 2, 4])
+    got, est = soft_intersection(
+        ptr,
+        np.array([2, 7, 3, 7]),
+        np.array([9.0, 5, 9, 5]),
+        np.array([True, True]),
+        np.array([True, True]),
+        3,
+        0.5,
+    )
+    assert list(got) == [7, 2, 3] and list(est) == [5.0, 5.0, 5.0]
+    # at an equal seen bound, the document more cells hold comes first
+    got, _ = soft_intersection(
+        np.array([0, 2, 3, 4]),
+        np.array([4, 7, 7, 7]),
+        np.array([5.0, 5, 5, 5]),
+        np.array([True, False, False]),
+        np.array([True, True, True]),
+        2,
+        0.1,
+    )
+    assert list(got) == [7, 4]

@@ -24,11 +24,15 @@ then the sketch estimate plus exactly that noise, an epsilon-DP release of a cou
 uses, not for every cell; we note it rather than hide it.)
 
 RTK-Sketch (reverse top-K): ``z x w`` cells, cell (a, j) a min-heap of at most ``alpha * K``
-(document, count) pairs holding the documents with the largest Count-Min counter at (a, j). A
+(document, count) pairs holding the documents with the largest value at (a, j): the largest count
+of a term of the document hashing there. (The paper keeps the Count-Min counter, the *sum* of
+those counts; the max is still an upper bound of every term's count there, and is less crowded by
+collisions: cover 0.86 instead of 0.78 on the embedded corpus at 10,000 documents, defaults.) A
 term's reverse top-K reads its ``z`` cells (``alpha K`` pairs each) instead of estimating the term
 in every document (NAIVE: ``n_docs x z`` entries), keeps documents seen in at least ``beta`` of the
-cells used, bounds each one's count by the Count-Min minimum over those cells (a cell that does not
-hold it, being full, bounds it by its own minimum), and returns the K largest. Heaps live in one
+cells used, bounds each one's count by the minimum over those cells (a cell that does not hold it,
+being full, bounds it by its own minimum), and returns the K largest bounds (ties: see
+:func:`soft_intersection`). Heaps live in one
 ``(z*w, alpha K)`` int64 array, key = count << 32 | (2^32 - 1 - doc) (ties prefer low ids), and
 insert / delete sift all affected cells at once (vectorised over cells, ``log(alpha K)`` steps).
 """
@@ -536,6 +540,12 @@ def soft_intersection(
     first_missing = np.log2((~held & (held + 1)).astype(np.float64)).astype(np.int64)
     need = max(1, math.ceil(beta * len(used) - 1e-9))
     cand = np.flatnonzero(seen >= need)
-    est = np.minimum(low[cand], bounds[np.minimum(first_missing[cand], len(used))])
-    best = top_k(est, k)
+    absent = bounds[np.minimum(first_missing[cand], len(used))]
+    est = np.minimum(low[cand], absent)
+    # Rank by the bound, but at an equal bound prefer a document whose bound is a value seen in a
+    # cell over one bounded only by a cell that left it out (its count may be anything below),
+    # then the document held by more cells. Values differ by >= 1 (integer counts plus one shared
+    # noise draw), so the half step and seen / 128 (< 0.41) only break ties.
+    score = np.minimum(low[cand], absent - 0.5) + seen[cand] / 128.0
+    best = top_k(score, k)
     return cand[best], est[best]
