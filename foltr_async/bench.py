@@ -48,7 +48,7 @@ from foltr_async.observe.observer import Observer
 
 __all__ = ["SUITES", "TARGETS", "Sizes", "letor_like", "main", "run_suites"]
 
-SUITES = ("fpdgd", "foltr_es", "bus", "memory", "zmq", "parse", "secagg")
+SUITES = ("fpdgd", "foltr_es", "bus", "memory", "zmq", "parse", "secagg", "csfltr")
 PROFILE = "mslr-like"  # the embedded profile shaped like MSLR-WEB10K (136 features, ~120 docs)
 N_FEATURES = 136
 PAPER_ROUNDS = 200  # FPDGD on MSLR-WEB10K: |C| = 1000, B = 2, 200 rounds (Wang et al. 2021)
@@ -84,6 +84,8 @@ TARGETS = (
     Check("parse", "mslr_parse_s", "<", 60, "MSLR-size parse s"),
     Check("parse", "mslr_cached_s", "<", 2, "MSLR-size cached load s"),
     Check("secagg", "max_rel_error", "<=", 1e-6, "secure sum vs plaintext FedAvg (relative)"),
+    Check("csfltr", "speedup", ">=", 100, "RTK-Sketch vs NAIVE reverse top-K speed-up"),
+    Check("csfltr", "cover_rate_rankable", ">=", 0.9, "RTK-Sketch cover rate (rankable terms)"),
 )
 
 
@@ -104,6 +106,7 @@ class Sizes:
     zmq_messages: int
     parse_lines: int
     n_queries: int | None  # embedded dataset size for fpdgd / foltr_es (None: profile default)
+    rtk_docs: tuple[int, ...]  # collection sizes of the reverse top-K measurement (first: targets)
 
     def scaled(self, f: float) -> Sizes:
         """Every count times ``f`` (for smoke tests); windows and dataset size stay."""
@@ -120,11 +123,26 @@ class Sizes:
             memory_clients=tuple(s(n, 2) for n in self.memory_clients),
             zmq_messages=s(self.zmq_messages, 100),
             parse_lines=s(self.parse_lines, 200),
+            rtk_docs=tuple(s(n, 300) for n in self.rtk_docs),
         )
 
 
-QUICK = Sizes(200, 10, 2_000, 3, 500, 2, 500, 10, (1_000,), 20_000, 20_000, None)
-FULL = Sizes(1_000, 30, 20_000, 10, 2_000, 3, 1_000, 20, (1_000, 62_500), 200_000, 200_000, 2_000)
+QUICK = Sizes(200, 10, 2_000, 3, 500, 2, 500, 10, (1_000,), 20_000, 20_000, None, (2_000,))
+FULL = Sizes(
+    1_000,
+    30,
+    20_000,
+    10,
+    2_000,
+    3,
+    1_000,
+    20,
+    (1_000, 62_500),
+    200_000,
+    200_000,
+    2_000,
+    (10_000, 20_000, 40_000),
+)
 
 
 def _now() -> tuple[float, float]:
@@ -905,6 +923,42 @@ def bench_secagg(sz: Sizes, seed: int) -> dict[str, dict]:
     }
 
 
+# ------------------------------------------------------------------------------------ csfltr
+
+
+def bench_csfltr(sz: Sizes, seed: int) -> dict[str, dict]:
+    """CS-F-LTR's reverse top-K, RTK-Sketch against NAIVE, on one owner's embedded collection
+    at each size (scenario defaults: K 150, alpha 5, beta 0.1, w 200, z 30, z1 10, epsilon 0.5);
+    the targets read the first size."""
+    from protocols.rtk_cost import cost
+
+    rows = []
+    for docs in sz.rtk_docs:
+        r = cost(docs, seed=seed, terms=200 if docs >= 2_000 else 40)
+        rows.append(r)
+        _progress(
+            f"csfltr: {docs} documents: RTK {r['rtk']['ms_per_term']:.3f} ms/term, NAIVE "
+            f"{r['naive']['ms_per_term']:.2f} ms/term ({r['speedup']:.1f}x); cover on "
+            f"{r['rankable_terms']} rankable terms RTK {r['rtk']['cover_rate_rankable'] or 0:.3f}"
+        )
+    first = rows[0]
+    return {
+        "csfltr": {
+            "speedup": first["speedup"],
+            "cover_rate_rankable": first["rtk"]["cover_rate_rankable"] or 0.0,
+            "rtk_ms_per_term": first["rtk"]["ms_per_term"],
+            "naive_ms_per_term": first["naive"]["ms_per_term"],
+            "rows": rows,
+            "on": {
+                "documents": first["docs"],
+                "terms": first["terms"],
+                "rankable terms": first["rankable_terms"],
+                "K, alpha, w, z, z1": "150, 5, 200, 30, 10",
+            },
+        }
+    }
+
+
 # ------------------------------------------------------------------------------------ parse
 
 
@@ -1061,6 +1115,7 @@ def run_suites(
                 sizes, seed, workdir, None if data is None else check_data(data)
             ),
             "secagg": lambda: bench_secagg(sizes, seed),
+            "csfltr": lambda: bench_csfltr(sizes, seed),
         }
         for name in suites:
             t0 = time.perf_counter()
@@ -1116,6 +1171,10 @@ _SHOWN = (
     ("secagg", "complete_s_per_round", "round, complete graph (largest)", "s"),
     ("secagg", "complete_kb_per_client", "sent per client, complete graph", "kB"),
     ("secagg", "max_rel_error", "unmasked mean vs plaintext (relative)", ""),
+    ("csfltr", "rtk_ms_per_term", "RTK-Sketch reverse top-K per term", "ms"),
+    ("csfltr", "naive_ms_per_term", "NAIVE reverse top-K per term", "ms"),
+    ("csfltr", "speedup", "speed-up", "x"),
+    ("csfltr", "cover_rate_rankable", "RTK cover rate, rankable terms", ""),
 )
 
 
@@ -1190,6 +1249,28 @@ def render(results: dict) -> None:
                 f"{r['wall_s_per_round']:.3f}",
             )
         console.print(st)
+    rows = results.get("csfltr", {}).get("rows")
+    if rows:
+        ct = Table(title="CS-F-LTR reverse top-K on one owner: RTK-Sketch vs NAIVE per term")
+        ct.caption = "cover: rankable terms / all terms; kB per answer; MB: RTK-Sketch / sketches"
+        for col in ("docs", "rankable", "RTK ms", "NAIVE ms", "x", "RTK cover", "NAIVE cover"):
+            ct.add_column(col, justify="right")
+        for col in ("kB", "MB"):
+            ct.add_column(col, justify="right")
+        for r in rows:
+            a, b = r["rtk"], r["naive"]
+            ct.add_row(
+                str(r["docs"]),
+                f"{r['rankable_terms']}/{r['terms']}",
+                f"{a['ms_per_term']:.3f}",
+                f"{b['ms_per_term']:.2f}",
+                f"{r['speedup']:.1f}",
+                f"{a['cover_rate_rankable'] or 0:.3f} / {a['cover_rate']:.3f}",
+                f"{b['cover_rate_rankable'] or 0:.3f} / {b['cover_rate']:.3f}",
+                f"{a['bytes_per_term'] / 1e3:.0f} / {b['bytes_per_term'] / 1e3:.0f}",
+                f"{a['memory_bytes'] / 1e6:.0f} / {b['memory_bytes'] / 1e6:.0f}",
+            )
+        console.print(ct)
     for suite in ("fpdgd", "foltr_es"):
         prof = results.get(suite, {}).get("profile")
         if not prof:

@@ -453,6 +453,61 @@ def evaluate(w: np.ndarray, test: QuerySet) -> dict[str, float]:
     }
 
 
+# ------------------------------------------------------------------------ reverse top-K steps
+# The owner's and the querier's halves of a reverse top-K, by RTK-Sketch and by NAIVE: the agents
+# call them on message bodies, and ``protocols.rtk_cost`` times them on one collection.
+
+
+def rtk_answer(rtk: RTKSketch, cols: np.ndarray, eps: float, rng: np.random.Generator) -> dict:
+    """Owner: the requested RTK cells, every count shifted by one shared Laplace(1/eps) draw."""
+    ptr, docs, counts, full = rtk.cells(cols)
+    noisy = noisy_answer(counts, eps, rng)
+    return {
+        "ptr": ptr,
+        "docs": docs.astype(np.int32),
+        "counts": noisy.astype(np.float32),
+        "full": full,
+    }
+
+
+def rtk_top(
+    answer: dict, private: np.ndarray, k: int, beta: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Querier: each term's top-k documents and count bounds from its private cells only."""
+    m, z = private.shape
+    ptr = answer["ptr"]
+    found, bounds = [], []
+    for i in range(m):  # a handful of query terms; each term's cells are vectorised
+        lo, hi = ptr[i * z], ptr[(i + 1) * z]
+        docs, est = soft_intersection(
+            ptr[i * z : (i + 1) * z + 1] - lo,
+            answer["docs"][lo:hi],
+            answer["counts"][lo:hi],
+            answer["full"][i * z : (i + 1) * z],
+            private[i],
+            k,
+            beta,
+        )
+        found.append(docs)
+        bounds.append(np.maximum(est, 0.0))
+    return found, bounds
+
+
+def naive_answer(
+    sketch: DocSketch, cols: np.ndarray, signs: np.ndarray, eps: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Owner: one term's z signed entries in every document, each document with its own noise
+    (NAIVE asks every document, each a query of its own)."""
+    vals = sketch.lookup(np.arange(sketch.n_docs), cols[0]) * signs[0]  # (n, z)
+    return noisy_answer(vals, eps, rng, per="row").astype(np.float32)
+
+
+def naive_top(values: np.ndarray, private: np.ndarray, k: int) -> np.ndarray:
+    """Querier: the top-k documents by the median over its private rows."""
+    est = median_estimate(values.astype(np.float64)[:, None, :], private)
+    return top_k(est[:, 0], k)
+
+
 # ------------------------------------------------------------------------ party agent
 
 
@@ -623,22 +678,7 @@ class Party(Agent):
         job = self.pending[b["req"]]
         t0 = time.perf_counter()
         m = job.obf.cols.shape[0]
-        z = self.hashes.z
-        ptr = b["ptr"]
-        found, bounds = [], []
-        for i in range(m):  # a handful of query terms; each term's cells are vectorised
-            lo, hi = ptr[i * z], ptr[(i + 1) * z]
-            docs, est = soft_intersection(
-                ptr[i * z : (i + 1) * z + 1] - lo,
-                b["docs"][lo:hi],
-                b["counts"][lo:hi],
-                b["full"][i * z : (i + 1) * z],
-                job.obf.private[i],
-                self.proto.k,
-                self.beta,
-            )
-            found.append(docs)
-            bounds.append(np.maximum(est, 0.0))
+        found, bounds = rtk_top(b, job.obf.private, self.proto.k, self.beta)
         # candidates: documents by their bounds summed over the query's terms
         alld, inv = np.unique(np.concatenate(found), return_inverse=True)
         score = np.bincount(inv, weights=np.concatenate(bounds), minlength=len(alld))
@@ -720,8 +760,7 @@ class Party(Agent):
     def on_naive_answer(self, env) -> None:
         t, o, obf = self.naive.pop(env.body["req"])
         t0 = time.perf_counter()
-        est = median_estimate(env.body["values"].astype(np.float64)[:, None, :], obf.private)
-        top = top_k(est[:, 0], self.proto.k)
+        top = naive_top(env.body["values"], obf.private, self.proto.k)
         self.proto.measure_naive(o, t, top, time.perf_counter() - t0, env.body["values"].nbytes)
         self._maybe_ready()
 
@@ -739,21 +778,9 @@ class Party(Agent):
     def on_rtk_query(self, env) -> None:
         t0 = time.perf_counter()
         b = env.body
-        ptr, docs, counts, full = self.index.rtk.cells(b["cols"])
-        m = b["cols"].shape[0]
-        noisy = noisy_answer(counts, self.eps, self.rng)  # one draw shared by every count
-        self.proto.time("rtk_owner_s", (time.perf_counter() - t0) / m)
-        self.send(
-            env.src,
-            RTK_ANSWER,
-            {
-                "req": b["req"],
-                "ptr": ptr,
-                "docs": docs.astype(np.int32),
-                "counts": noisy.astype(np.float32),
-                "full": full,
-            },
-        )
+        answer = rtk_answer(self.index.rtk, b["cols"], self.eps, self.rng)
+        self.proto.time("rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
+        self.send(env.src, RTK_ANSWER, {"req": b["req"], **answer})
 
     @handles(TF_QUERY)
     def on_tf_query(self, env) -> None:
@@ -779,9 +806,7 @@ class Party(Agent):
     def on_naive_query(self, env) -> None:
         t0 = time.perf_counter()
         b = env.body
-        sk = self.index.doc_sketch[1]
-        vals = sk.lookup(np.arange(sk.n_docs), b["cols"][0]) * b["signs"][0]  # (n, z)
-        values = noisy_answer(vals, self.eps, self.rng, per="row").astype(np.float32)
+        values = naive_answer(self.index.doc_sketch[1], b["cols"], b["signs"], self.eps, self.rng)
         self.proto.time("naive_owner_s", time.perf_counter() - t0)
         self.send(env.src, NAIVE_ANSWER, {"req": b["req"], "values": values})
 

@@ -26,6 +26,7 @@ KEYS = {
     "zmq": ("msgs_per_s",),
     "parse": ("lines_per_s", "cached_s"),
     "secagg": ("max_rel_error", "complete_s_per_round", "complete_kb_per_client"),
+    "csfltr": ("speedup", "rtk_ms_per_term", "naive_ms_per_term"),
 }
 
 
@@ -87,4 +88,4 @@ def test_bad_data_is_one_line_exit_2(capsys, tmp_path, bad):
 def test_suite_names_are_checked(capsys):
     assert main(["--suite", "nope"]) == 2
     assert "invalid choice" in capsys.readouterr().err
-    assert set(SUITES) == {"fpdgd", "foltr_es", "bus", "memory", "zmq", "parse", "secagg"}
+    assert set(SUITES) == {"fpdgd", "foltr_es", "bus", "memory", "zmq", "parse", "secagg", "csfltr"}
