@@ -197,6 +197,7 @@ def test_rtk_delete_removes_a_document_everywhere_and_keeps_heaps():
     bow = peaked_docs(n_docs=120)
     h = SketchHashes.from_key(stream(0, "rtk"), 6, 40)
     rtk = RTKSketch.build(bow, h, k=4, alpha=2.0)
+    assert 7 in rtk.query(135, k=4, beta=0.1)[0]  # one of its topic terms (and the query view)
     held_before = (
         ((rtk.keys & 0xFFFFFFFF) == 0xFFFFFFFF - 7) & (np.arange(rtk.cap) < rtk.size[:, None])
     ).sum()
@@ -204,6 +205,11 @@ def test_rtk_delete_removes_a_document_everywhere_and_keeps_heaps():
     rtk.check()
     live = np.arange(rtk.cap) < rtk.size[:, None]
     assert not ((rtk.keys & 0xFFFFFFFF) == 0xFFFFFFFF - 7)[live].any()
+    fresh = RTKSketch(h, k=4, alpha=2.0)  # the same heaps, decoded anew: the query view followed
+    fresh.keys, fresh.size = rtk.keys.copy(), rtk.size.copy()
+    cols = h.columns(np.arange(100, 300, 5))
+    for a, b in zip(rtk.cells(cols), fresh.cells(cols), strict=True):
+        assert np.array_equal(a, b)
     for t in range(100, 300, 5):
         assert 7 not in rtk.query(t, k=4, beta=0.1)[0]
     s = slice(bow.indptr[7], bow.indptr[8])  # and it can come back
@@ -223,7 +229,7 @@ def test_rtk_query_covers_the_exact_top_k_and_bounds_counts():
         assert len(docs) == k and (est >= true[docs]).all()  # upper bounds without noise
         covers.append(cover_rate(docs, true, k))
     assert np.mean(covers) >= 0.9
-    assert rtk.nbytes == h.z * h.w * (rtk.cap + 1) * 8
+    assert rtk.nbytes == h.z * h.w * (rtk.cap + 1) * 8 + h.z * h.w * rtk.cap * 8  # + query view
 
 
 def test_soft_intersection_uses_only_the_private_cells():

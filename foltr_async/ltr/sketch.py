@@ -341,6 +341,7 @@ class RTKSketch:
         self.keys = np.full((n_cells, self.cap), _SENTINEL, dtype=np.int64)
         self.size = np.zeros(n_cells, dtype=np.int64)
         self.docs: set[int] = set()
+        self._view: tuple[np.ndarray, np.ndarray] | None = None
 
     # -------------------------------------------------------------- building
 
@@ -384,6 +385,7 @@ class RTKSketch:
         if not 0 <= doc <= _LOW:
             raise ValueError(f"document ids must be in [0, 2^32), got {doc}")
         self.docs.add(doc)
+        self._view = None
         cc = self.cell_counts(terms, counts)
         cells = np.flatnonzero(cc)
         key = (cc[cells] << 32) | (_LOW - doc)
@@ -406,6 +408,7 @@ class RTKSketch:
         """
         doc = int(doc)
         self.docs.discard(doc)
+        self._view = None
         live = np.arange(self.cap)[None, :] < self.size[:, None]
         cells, pos = np.nonzero(live & ((self.keys & _LOW) == _LOW - doc))
         last = self.size[cells] - 1
@@ -465,7 +468,21 @@ class RTKSketch:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.size.nbytes
+        view = 0 if self._view is None else sum(a.nbytes for a in self._view)
+        return self.keys.nbytes + self.size.nbytes + view
+
+    def _decoded(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every cell's documents (uint32) and counts (int32), ascending, live entries first.
+
+        The heaps are for updates; queries read this decoded copy, made on the first query after
+        an insert or delete (one sort of every cell), so an answer is two row gathers instead of
+        a decode per entry. It doubles the memory while it exists (counted in :attr:`nbytes`).
+        """
+        if self._view is None:
+            keys = np.sort(self.keys, axis=1)  # sentinels (int64 max) sort last
+            docs = (_LOW - (keys & _LOW)).astype(np.uint32)
+            self._view = (docs, (keys >> 32).astype(np.int32))
+        return self._view
 
     def cells(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Contents of the requested cells: cols (..., z) -> (ptr, docs, counts, full).
@@ -477,12 +494,15 @@ class RTKSketch:
         cols = np.asarray(cols, dtype=np.int64)
         cells = (np.arange(self.hashes.z) * self.hashes.w + cols).reshape(-1)
         sizes = self.size[cells]
-        keys = self.keys[cells]
-        live = np.arange(self.cap)[None, :] < sizes[:, None]
-        flat = keys[live]
+        docs, counts = self._decoded()
+        docs, counts = docs[cells], counts[cells]
         ptr = np.zeros(len(cells) + 1, dtype=np.int64)
         np.cumsum(sizes, out=ptr[1:])
-        return ptr, _LOW - (flat & _LOW), flat >> 32, sizes >= self.cap
+        full = sizes >= self.cap
+        if full.all():  # the usual case once the collection is larger than alpha K
+            return ptr, docs.ravel(), counts.ravel(), full
+        live = np.arange(self.cap)[None, :] < sizes[:, None]
+        return ptr, docs[live], counts[live], full
 
     def query(
         self, term: int, k: int | None = None, beta: float = 0.1
