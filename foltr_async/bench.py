@@ -934,7 +934,7 @@ def bench_csfltr(sz: Sizes, seed: int) -> dict[str, dict]:
 
     rows = []
     for docs in sz.rtk_docs:
-        r = cost(docs, seed=seed, terms=200 if docs >= 2_000 else 40)
+        r = cost(docs, seed=seed, queries=100 if docs >= 2_000 else 20)
         rows.append(r)
         _progress(
             f"csfltr: {docs} documents: RTK {r['rtk']['ms_per_term']:.3f} ms/term, NAIVE "
@@ -951,6 +951,7 @@ def bench_csfltr(sz: Sizes, seed: int) -> dict[str, dict]:
             "rows": rows,
             "on": {
                 "documents": first["docs"],
+                "queries": first["queries"],
                 "terms": first["terms"],
                 "rankable terms": first["rankable_terms"],
                 "K, alpha, w, z, z1": "150, 5, 200, 30, 10",

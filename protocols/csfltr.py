@@ -461,13 +461,7 @@ def evaluate(w: np.ndarray, test: QuerySet) -> dict[str, float]:
 def rtk_answer(rtk: RTKSketch, cols: np.ndarray, eps: float, rng: np.random.Generator) -> dict:
     """Owner: the requested RTK cells, every count shifted by one shared Laplace(1/eps) draw."""
     ptr, docs, counts, full = rtk.cells(cols)
-    noisy = noisy_answer(counts, eps, rng)
-    return {
-        "ptr": ptr,
-        "docs": docs.astype(np.int32),
-        "counts": noisy.astype(np.float32),
-        "full": full,
-    }
+    return {"ptr": ptr, "docs": docs, "counts": noisy_answer(counts, eps, rng), "full": full}
 
 
 def rtk_top(

@@ -276,11 +276,14 @@ def noisy_answer(
     """Add Laplace(1/epsilon) noise shared by every entry of an answer (``per="answer"``: one
     draw for the whole array) or of each row of the last axis (``per="row"``: one draw per
     document of a NAIVE answer, each being a query of its own)."""
-    out = np.asarray(values, dtype=np.float64)
+    out = np.asarray(values)
+    if out.dtype != np.float32:  # float32 answers stay float32 (what they travel as)
+        out = out.astype(np.float64)
     if math.isinf(epsilon):
         return out.copy()
-    shape = () if per == "answer" else (*out.shape[:-1], 1)
-    return out + rng.laplace(0.0, 1.0 / epsilon, size=shape)
+    if per == "answer":
+        return out + out.dtype.type(rng.laplace(0.0, 1.0 / epsilon))
+    return out + rng.laplace(0.0, 1.0 / epsilon, size=(*out.shape[:-1], 1)).astype(out.dtype)
 
 
 def median_estimate(answer: np.ndarray, private: np.ndarray) -> np.ndarray:
@@ -382,8 +385,8 @@ class RTKSketch:
         doc = int(doc)
         if doc in self.docs:
             raise ValueError(f"document {doc} is already in the sketch; delete it first")
-        if not 0 <= doc <= _LOW:
-            raise ValueError(f"document ids must be in [0, 2^32), got {doc}")
+        if not 0 <= doc < 2**31:  # answers carry ids as int32
+            raise ValueError(f"document ids must be in [0, 2^31), got {doc}")
         self.docs.add(doc)
         self._view = None
         cc = self.cell_counts(terms, counts)
@@ -472,24 +475,26 @@ class RTKSketch:
         return self.keys.nbytes + self.size.nbytes + view
 
     def _decoded(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every cell's documents (uint32) and counts (int32), ascending, live entries first.
+        """Every cell's documents (int32) and counts (float32), ascending, live entries first.
 
         The heaps are for updates; queries read this decoded copy, made on the first query after
-        an insert or delete (one sort of every cell), so an answer is two row gathers instead of
-        a decode per entry. It doubles the memory while it exists (counted in :attr:`nbytes`).
+        an insert or delete (one sort of every cell), in the types an answer travels in, so an
+        answer is two row gathers and one add of noise: the owner's side of a reverse top-K is
+        bound by memory bandwidth, and a decode and casts per entry would triple its traffic.
+        It doubles the memory while it exists (counted in :attr:`nbytes`).
         """
         if self._view is None:
             keys = np.sort(self.keys, axis=1)  # sentinels (int64 max) sort last
-            docs = (_LOW - (keys & _LOW)).astype(np.uint32)
-            self._view = (docs, (keys >> 32).astype(np.int32))
+            docs = (_LOW - (keys & _LOW)).astype(np.int32)
+            self._view = (docs, (keys >> 32).astype(np.float32))
         return self._view
 
     def cells(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Contents of the requested cells: cols (..., z) -> (ptr, docs, counts, full).
 
-        Cell i of the flattened request holds ``docs[ptr[i]:ptr[i+1]]`` (and their counters);
-        ``full[i]`` says the cell is at capacity, so a document it lacks has a counter no larger
-        than its minimum.
+        Cell i of the flattened request holds ``docs[ptr[i]:ptr[i+1]]`` (int32) and their
+        counters (float32), fresh arrays the caller may change; ``full[i]`` says the cell is at
+        capacity, so a document it lacks has a counter no larger than its minimum.
         """
         cols = np.asarray(cols, dtype=np.int64)
         cells = (np.arange(self.hashes.z) * self.hashes.w + cols).reshape(-1)
