@@ -539,14 +539,14 @@ def soft_intersection(
     used = np.flatnonzero(np.asarray(use, dtype=bool))
     if len(used) > 52:
         raise ValueError("soft_intersection supports at most 52 used cells (float64 bitmask)")
-    sizes = np.diff(ptr)[used]
-    total = int(sizes.sum())
-    if total == 0:
+    starts, ends = ptr[used].tolist(), ptr[used + 1].tolist()
+    sizes = np.asarray(ptr[used + 1] - ptr[used], dtype=np.int64)
+    if not sizes.sum():
         return np.zeros(0, np.int64), np.zeros(0)
+    d = np.concatenate([docs[a:b] for a, b in zip(starts, ends, strict=True)])
+    cnt = np.concatenate([counts[a:b] for a, b in zip(starts, ends, strict=True)])
+    cnt = cnt.astype(np.float64)
     offsets = np.cumsum(sizes) - sizes
-    entry = np.repeat(ptr[used] - offsets, sizes) + np.arange(total)
-    d = np.asarray(docs, dtype=np.int64)[entry]
-    cnt = np.asarray(counts, dtype=np.float64)[entry]
     nonempty = sizes > 0
     cell_min = np.full(len(used), np.inf)
     cell_min[nonempty] = np.minimum.reduceat(cnt, offsets[nonempty])
@@ -559,13 +559,13 @@ def soft_intersection(
     seen = np.bincount(d, minlength=n)
     low = np.full(n, np.inf)
     np.minimum.at(low, d, cnt)
-    held = np.bincount(
-        d, weights=np.exp2(rank)[np.repeat(np.arange(len(used)), sizes)], minlength=n
-    ).astype(np.int64)  # bit r set: the r-th ranked cell holds it
-    first_missing = np.log2((~held & (held + 1)).astype(np.float64)).astype(np.int64)
+    # bit r set: the r-th ranked cell holds the document
+    held = np.bincount(d, weights=np.repeat(np.exp2(rank), sizes), minlength=n)
     need = max(1, math.ceil(beta * len(used) - 1e-9))
     cand = np.flatnonzero(seen >= need)
-    absent = bounds[np.minimum(first_missing[cand], len(used))]
+    bits = held[cand].astype(np.int64)
+    first_missing = np.log2((~bits & (bits + 1)).astype(np.float64)).astype(np.int64)
+    absent = bounds[np.minimum(first_missing, len(used))]
     est = np.minimum(low[cand], absent)
     # Rank by the bound, but at an equal bound prefer a document whose bound is a value seen in a
     # cell over one bounded only by a cell that left it out (its count may be anything below),
