@@ -939,7 +939,10 @@ def bench_csfltr(sz: Sizes, seed: int) -> dict[str, dict]:
         _progress(
             f"csfltr: {docs} documents: RTK {r['rtk']['ms_per_term']:.3f} ms/term, NAIVE "
             f"{r['naive']['ms_per_term']:.2f} ms/term ({r['speedup']:.1f}x); cover on "
-            f"{r['rankable_terms']} rankable terms RTK {r['rtk']['cover_rate_rankable'] or 0:.3f}"
+            f"{r['rankable_terms']} rankable terms RTK {r['rtk']['cover_rate_rankable'] or 0:.3f} "
+            "(by the K-th count: "
+            + ", ".join(f"{b}: {c:.2f}" for b, (c, _) in r["rtk"]["cover_by_kth"].items())
+            + ")"
         )
     first = rows[0]
     return {
