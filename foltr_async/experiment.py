@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
+from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter
 from foltr_async.observe.stats import paired_test
@@ -164,7 +166,36 @@ def run_scenario(
     remote: Any = None,
 ) -> dict:
     """Run every repeat of every variant; ``remote``: a multi-process transport's server side
-    (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time."""
+    (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time.
+
+    Called as a library with structlog unconfigured (its default prints every debug event to
+    stdout), it logs as the CLI does for the run: ``events.jsonl`` in ``out_dir`` and warnings
+    and errors on stderr.
+    """
+    own_logging = not structlog.is_configured()
+    if own_logging:
+        configure_logging(
+            events_path=Path(out_dir) / "events.jsonl",
+            json_logs=False,
+            level="warning",
+            console=False,
+        )
+    try:
+        return _run_scenario(scenario, out_dir, reporter, checkpoint_every, resume, remote)
+    finally:
+        if own_logging:
+            close_logging()
+            structlog.reset_defaults()
+
+
+def _run_scenario(
+    scenario: Scenario,
+    out_dir: Path,
+    reporter: Observer,
+    checkpoint_every: int,
+    resume: bool,
+    remote: Any,
+) -> dict:
     checkpoints = Checkpoints(out_dir, scenario, checkpoint_every, resume)
     writer = ResultsWriter(
         out_dir,

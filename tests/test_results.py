@@ -235,3 +235,24 @@ def test_summary_states_the_ndcg_convention_of_per_variant_configs(tmp_path):
     md = w.md_path.read_text()
     assert "a: queries without a relevant document count as nDCG 0" in md
     assert "b: queries without a relevant document are left out" in md
+
+
+def test_a_library_run_logs_to_its_events_file_not_stdout(tmp_path, mq2008_dir, capsys):
+    import structlog
+
+    from foltr_async.experiment import run_scenario
+    from foltr_async.scenario.load import load_scenario
+
+    structlog.reset_defaults()  # what a program importing foltr_async starts with
+    path = tmp_path / "lib.toml"
+    path.write_text(
+        f'[scenario]\nname = "lib"\nseed = 1\n[dataset]\npath = "{mq2008_dir.as_posix()}"\n'
+        '[federation]\nprotocol = "fpdgd"\nclients = 3\nqueries_per_client = 2\nrounds = 3\n'
+    )
+    out = tmp_path / "out"
+    run_scenario(load_scenario(path), out, Observer())
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "aggregation" and e["level"] == "debug" for e in events)
+    assert not structlog.is_configured()  # the caller's logging is left as it was
