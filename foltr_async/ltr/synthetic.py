@@ -45,6 +45,11 @@ intent-change-like  0.253   0.372   0.409  0.794   .322 .363 .372 .371      .266
 ==================  ======  ======  =====  ======  =======================  =======================
 
 (For comparison, linear PDGD reaches about 0.43 on MSLR-WEB10K after 10^5 interactions.)
+The table is one seed, and seeds differ far more than noise: each draws which latent factors
+the features read, their transforms and noise levels. PDGD informational at 10k interactions,
+seeds 0-4: mq2007-like .354 .738 .388 .600 .686; mslr-like .397 .564 .415 .465 .481;
+istella-like .479 .352 .404 .152 .474; yahoo-like .598 .581 .544 .621 .605; intent-change-like
+.312 .400 .367 .645 .295. Compare methods on one dataset seed.
 Curves with realistic (informational) clicks still rise at 40k interactions; perfect clicks on
 istella-like and intent-change-like level off after about 10k. Default sizes generate in about
 0.2 s (46 features) to 1 s (mslr-like, yahoo-like) on one core; ``n_queries`` scales them.
