@@ -118,6 +118,19 @@ TF_ANSWER = "csfltr.tf_answer"
 NAIVE_QUERY = "csfltr.naive_query"
 NAIVE_ANSWER = "csfltr.naive_answer"
 STATS = "csfltr.stats"
+MEASURED = "csfltr.measured"  # probe extras key of the parties' raw measurements
+_STATS = (
+    "rtk_cover",
+    "rtk_rankable",
+    "rtk_query_s",
+    "rtk_owner_s",
+    "naive_cover",
+    "naive_rankable",
+    "naive_query_s",
+    "naive_owner_s",
+    "tf_abs_err",
+    "tf_true",
+)
 QUERIES = {RTK_QUERY: RTK_ANSWER, TF_QUERY: TF_ANSWER, NAIVE_QUERY: NAIVE_ANSWER}
 
 _REQ = Int(min=0, max=2**62)
@@ -602,7 +615,6 @@ class Party(Agent):
                 qids.append(str(self.corpus.query_ids[q]))
         ts = _group(blocks, qids, f"{self.id}-train")
         self.proto.record(
-            "instances",
             self.id,
             {
                 "queries": ts.n_queries,
@@ -678,9 +690,7 @@ class Party(Agent):
         score = np.bincount(inv, weights=np.concatenate(bounds), minlength=len(alld))
         cand = alld[np.lexsort((alld, -score))][: self.proto.ctx.params["pool"]]
         elapsed = time.perf_counter() - t0
-        self.proto.measure_rtk(
-            job.owner, self.proto.terms(job.q), found, elapsed / m, env.body["docs"].nbytes
-        )
+        self.proto.measure_rtk(self.id, job.owner, self.proto.terms(job.q), found, elapsed / m)
         jd, _ = self.corpus.judged(job.q)
         off = self.corpus.party_ptr[job.owner]
         mine = jd[self.corpus.party_of(jd) == job.owner] - off
@@ -733,7 +743,7 @@ class Party(Agent):
         keep[top_k(x[:, 12], self.proto.ctx.params["candidates"])] = True  # body BM25
         keep |= y > 0
         self.cross.setdefault(job.q, []).append((_block_norm(x[keep]), y[keep]))
-        self.proto.measure_tf(job.owner, docs, terms, tf)
+        self.proto.measure_tf(self.id, job.owner, docs, terms, tf)
         self._maybe_ready()
 
     @handles(STATS)
@@ -755,7 +765,7 @@ class Party(Agent):
         t, o, obf = self.naive.pop(env.body["req"])
         t0 = time.perf_counter()
         top = naive_top(env.body["values"], obf.private, self.proto.k)
-        self.proto.measure_naive(o, t, top, time.perf_counter() - t0, env.body["values"].nbytes)
+        self.proto.measure_naive(self.id, o, t, top, time.perf_counter() - t0)
         self._maybe_ready()
 
     def _maybe_ready(self) -> None:
@@ -773,7 +783,7 @@ class Party(Agent):
         t0 = time.perf_counter()
         b = env.body
         answer = rtk_answer(self.index.rtk, b["cols"], self.eps, self.rng)
-        self.proto.time("rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
+        self.proto.time(self.id, "rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
         self.send(env.src, RTK_ANSWER, {"req": b["req"], **answer})
 
     @handles(TF_QUERY)
@@ -801,7 +811,7 @@ class Party(Agent):
         t0 = time.perf_counter()
         b = env.body
         values = naive_answer(self.index.doc_sketch[1], b["cols"], b["signs"], self.eps, self.rng)
-        self.proto.time("naive_owner_s", time.perf_counter() - t0)
+        self.proto.time(self.id, "naive_owner_s", time.perf_counter() - t0)
         self.send(env.src, NAIVE_ANSWER, {"req": b["req"], "values": values})
 
 
@@ -869,26 +879,7 @@ class CSFLTR(ProtocolRun):
             self.corpus, self.hashes, p["k"], p["alpha"], p["local_candidates"], self.stop
         )
         self.strategy = CSFLTRStrategy(self)
-        self._n = 0
         self.routes: dict[int, tuple[str, int]] = {}
-        self.stats: dict[str, list] = {
-            k: []
-            for k in (
-                "rtk_cover",
-                "rtk_rankable",
-                "rtk_query_s",
-                "rtk_bytes",
-                "naive_cover",
-                "naive_rankable",
-                "naive_query_s",
-                "naive_bytes",
-                "rtk_owner_s",
-                "naive_owner_s",
-                "tf_abs_err",
-                "tf_true",
-            )
-        }
-        self.instances: dict[str, dict] = {}
 
     def index(self, p: int) -> PartyIndex:
         return _party_index(
@@ -902,11 +893,11 @@ class CSFLTR(ProtocolRun):
         return f"client-{p:04d}"
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
-        p = self._n
-        self._n += 1
-        if agent_id != self.party_id(p):
+        # a worker process builds only its own parties: the number is in the id
+        ids = {self.party_id(p): p for p in range(self.corpus.n_parties)}
+        if agent_id not in ids:
             raise ScenarioError(f"csfltr: unexpected party id {agent_id}")
-        return Party(agent_id, self, p, rng)
+        return Party(agent_id, self, ids[agent_id], rng)
 
     # -------------------------------------------------------------- relay
 
@@ -941,11 +932,18 @@ class CSFLTR(ProtocolRun):
 
     # -------------------------------------------------------------- measurement
 
-    def record(self, what: str, aid: str, value: dict) -> None:
-        self.instances[aid] = value
+    # Each party's measurements go to the probe's extras under its id, so those of parties
+    # hosted by worker processes reach the server with the workers' flushes; report() takes them.
 
-    def time(self, key: str, seconds: float) -> None:
-        self.stats[key].append(seconds)
+    def _measured(self, aid: str) -> dict:
+        per = self.probe.extras.setdefault(MEASURED, {})
+        return per.setdefault(aid, {"stats": {k: [] for k in _STATS}, "instances": None})
+
+    def record(self, aid: str, value: dict) -> None:
+        self._measured(aid)["instances"] = value
+
+    def time(self, aid: str, key: str, seconds: float) -> None:
+        self._measured(aid)["stats"][key].append(seconds)
 
     def _truth(self, owner: int, term: int) -> np.ndarray:
         body = self.index(owner).fields[1]
@@ -954,33 +952,41 @@ class CSFLTR(ProtocolRun):
         out[tdocs[tptr[term] : tptr[term + 1]]] = tcounts[tptr[term] : tptr[term + 1]]
         return out
 
-    def _cover(self, prefix: str, owner: int, term: int, found: np.ndarray) -> None:
+    def _cover(self, aid: str, prefix: str, owner: int, term: int, found: np.ndarray) -> None:
         true = self._truth(owner, int(term))
         c = cover_rate(found, true, self.k)
-        self.stats[f"{prefix}_cover"].append(c)
+        stats = self._measured(aid)["stats"]
+        stats[f"{prefix}_cover"].append(c)
         if (true >= 2).sum() >= self.k:  # K documents hold the term at least twice
-            self.stats[f"{prefix}_rankable"].append(c)
+            stats[f"{prefix}_rankable"].append(c)
 
     def measure_rtk(
-        self, owner: int, terms: np.ndarray, found: list, seconds: float, nbytes: int
+        self, aid: str, owner: int, terms: np.ndarray, found: list, seconds: float
     ) -> None:
         for t, f in zip(terms.tolist(), found, strict=True):
-            self._cover("rtk", owner, t, f)
-            self.stats["rtk_query_s"].append(seconds)
+            self._cover(aid, "rtk", owner, t, f)
+            self._measured(aid)["stats"]["rtk_query_s"].append(seconds)
 
     def measure_naive(
-        self, owner: int, term: int, top: np.ndarray, seconds: float, nbytes: int
+        self, aid: str, owner: int, term: int, top: np.ndarray, seconds: float
     ) -> None:
-        self._cover("naive", owner, term, top)
-        self.stats["naive_query_s"].append(seconds)
+        self._cover(aid, "naive", owner, term, top)
+        self._measured(aid)["stats"]["naive_query_s"].append(seconds)
 
-    def measure_tf(self, owner: int, docs: np.ndarray, terms: np.ndarray, est: np.ndarray) -> None:
+    def measure_tf(
+        self, aid: str, owner: int, docs: np.ndarray, terms: np.ndarray, est: np.ndarray
+    ) -> None:
         true = np.stack([f.tf(docs, terms) for f in self.index(owner).fields])
-        self.stats["tf_abs_err"].append(float(np.abs(est - true).mean()))
-        self.stats["tf_true"].append(float(true.mean()))
+        stats = self._measured(aid)["stats"]
+        stats["tf_abs_err"].append(float(np.abs(est - true).mean()))
+        stats["tf_true"].append(float(true.mean()))
 
     def report(self) -> dict:
-        s, p = self.stats, self.ctx.params
+        measured = self.probe.extras.pop(MEASURED, {})  # raw lists: summarised here, not written
+        parties = sorted(measured)
+        s = {k: [v for a in parties for v in measured[a]["stats"][k]] for k in _STATS}
+        instances = {a: measured[a]["instances"] for a in parties if measured[a]["instances"]}
+        p = self.ctx.params
         kinds = self.ctx.bus.stats.as_dict()["kinds"]
 
         def mean(key: str) -> float | None:
@@ -1000,7 +1006,7 @@ class CSFLTR(ProtocolRun):
             "parties": self.corpus.n_parties,
             "docs": int(self.corpus.n_docs),
             "params": {k: p[k] for k in ("alpha", "beta", "w", "z", "z1", "k", "epsilon")},
-            "instances": self.instances,
+            "instances": instances,
             "test_queries": self.test.n_queries,
         }
         if n_rtk_terms:
@@ -1076,7 +1082,7 @@ class RelayEavesdropper(Agent):
         truth = self.proto.probe.oracle.get((header.kind, header.src, body["req"]))
         if truth is None or header.kind == TF_QUERY:  # a TF query repeats its RTK query's hashes
             return
-        for i, t in enumerate(truth.tolist()):
+        for i, t in enumerate(np.asarray(truth).tolist()):  # a tuple when a worker sent it
             votes = ((self.cols == body["cols"][i]) & (self.signs == body["signs"][i])).sum(1)
             best = np.flatnonzero(votes == votes.max())
             self.tied.append(len(best))
