@@ -305,12 +305,19 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
 
 
 @dataclass(frozen=True, eq=False)
-class PartyIndex:
-    """What one party builds over its own documents: sketches, RTK-Sketch, collection stats."""
+class PartyText:
+    """One party's text: what the test set and the measurements read for every party (cheap
+    next to the sketches, which only the party's own process builds)."""
 
     fields: tuple[BagOfWords, BagOfWords]  # title, body of its documents (local ids)
     indexed: tuple[BagOfWords, BagOfWords]  # the same without stop words: what is sketched
     stats: tuple[CollectionStats, CollectionStats]
+
+
+@dataclass(frozen=True, eq=False)
+class PartyIndex(PartyText):
+    """What one party builds over its own documents: sketches and RTK-Sketch."""
+
     doc_sketch: tuple[DocSketch, DocSketch]
     rtk: RTKSketch
 
@@ -324,22 +331,28 @@ def stop_mask(corpus: TextCorpus, n: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
+def _party_text(corpus: TextCorpus, p: int, stop: int) -> PartyText:
+    """A party's fields, their stop-word-free versions and the exact statistics of its text."""
+    own = corpus.party_docs(p)
+    fields = (corpus.title.rows(own), corpus.body.rows(own))
+    mask = stop_mask(corpus, stop)
+    indexed = tuple(f.without(mask) for f in fields)
+    return PartyText(fields, indexed, tuple(CollectionStats.of(f) for f in fields))
+
+
+@lru_cache(maxsize=16)
 def _party_index(
     corpus: TextCorpus, p: int, hashes: SketchHashes, k: int, alpha: float, stop: int
 ) -> PartyIndex:
     """A party's index: sketches of stop-word-free text (stop words would dominate every
     sketch's error, ||f||_2, and every RTK cell) and exact statistics of its full text."""
-    own = corpus.party_docs(p)
-    fields = (corpus.title.rows(own), corpus.body.rows(own))
-    mask = stop_mask(corpus, stop)
-    indexed = tuple(f.without(mask) for f in fields)
-    stats = tuple(CollectionStats.of(f) for f in fields)
+    t = _party_text(corpus, p, stop)
     return PartyIndex(
-        fields=fields,
-        indexed=indexed,
-        stats=stats,
-        doc_sketch=tuple(DocSketch(f, hashes) for f in indexed),
-        rtk=RTKSketch.build(indexed[1], hashes, k, alpha),
+        fields=t.fields,
+        indexed=t.indexed,
+        stats=t.stats,
+        doc_sketch=tuple(DocSketch(f, hashes) for f in t.indexed),
+        rtk=RTKSketch.build(t.indexed[1], hashes, k, alpha),
     )
 
 
@@ -349,7 +362,7 @@ def _hashes(seed: int, z: int, w: int) -> SketchHashes:
     return SketchHashes.from_key(stream(seed, "csfltr", "hash-key"), z, w)
 
 
-def _bm25_top(index: PartyIndex, terms: np.ndarray, n: int) -> np.ndarray:
+def _bm25_top(index: PartyText, terms: np.ndarray, n: int) -> np.ndarray:
     """The party's own BM25 top-n documents (body field, exact) for a query."""
     body, st = index.fields[1], index.stats[1]
     docs = np.arange(body.n_docs)
@@ -392,12 +405,10 @@ def query_terms(corpus: TextCorpus, q: int, stop: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=2)
-def _test_set(
-    corpus: TextCorpus, hashes: SketchHashes, k: int, alpha: float, n_cand: int, stop: int
-) -> QuerySet:
+def _test_set(corpus: TextCorpus, n_cand: int, stop: int) -> QuerySet:
     """The external test set: held-out queries over every party (simulator-side, exact)."""
     blocks, qids = [], []
-    indexes = [_party_index(corpus, p, hashes, k, alpha, stop) for p in range(corpus.n_parties)]
+    indexes = [_party_text(corpus, p, stop) for p in range(corpus.n_parties)]
     for q in corpus.test_queries():
         terms = query_terms(corpus, q, stop)
         if not len(terms):
@@ -415,7 +426,7 @@ def _test_set(
 
 
 def _own_candidates(
-    corpus: TextCorpus, idx: PartyIndex, p: int, q: int, terms: np.ndarray, n: int
+    corpus: TextCorpus, idx: PartyText, p: int, q: int, terms: np.ndarray, n: int
 ) -> np.ndarray:
     """A party's candidates for a query over its own documents: its run (or BM25 top-n) plus
     the query's judged documents it owns (local ids)."""
@@ -540,6 +551,7 @@ class Party(Agent):
         self.eps, self.z1, self.beta = prm["epsilon"], prm["z1"], prm["beta"]
         self.corpus, self.hashes = run.corpus, run.hashes
         self.index = run.index(p)
+        run.note_memory(agent_id, self.index)
         self.queries = np.array(
             [q for q in run.corpus.train_queries(p).tolist() if len(run.terms(q))], dtype=np.int64
         )
@@ -784,6 +796,7 @@ class Party(Agent):
         b = env.body
         answer = rtk_answer(self.index.rtk, b["cols"], self.eps, self.rng)
         self.proto.time(self.id, "rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
+        self.proto.note_memory(self.id, self.index)
         self.send(env.src, RTK_ANSWER, {"req": b["req"], **answer})
 
     @handles(TF_QUERY)
@@ -875,9 +888,7 @@ class CSFLTR(ProtocolRun):
         self.corpus = corpus_for(ctx)
         self.hashes = _hashes(ctx.seed, p["z"], p["w"])
         self.stop = p["stopwords"]
-        self.test = _test_set(
-            self.corpus, self.hashes, p["k"], p["alpha"], p["local_candidates"], self.stop
-        )
+        self.test = _test_set(self.corpus, p["local_candidates"], self.stop)
         self.strategy = CSFLTRStrategy(self)
         self.routes: dict[int, tuple[str, int]] = {}
 
@@ -885,6 +896,9 @@ class CSFLTR(ProtocolRun):
         return _party_index(
             self.corpus, p, self.hashes, self.k, self.ctx.params["alpha"], self.stop
         )
+
+    def text(self, p: int) -> PartyText:
+        return _party_text(self.corpus, p, self.stop)
 
     def terms(self, q: int) -> np.ndarray:
         return query_terms(self.corpus, q, self.stop)
@@ -937,16 +951,23 @@ class CSFLTR(ProtocolRun):
 
     def _measured(self, aid: str) -> dict:
         per = self.probe.extras.setdefault(MEASURED, {})
-        return per.setdefault(aid, {"stats": {k: [] for k in _STATS}, "instances": None})
+        return per.setdefault(
+            aid, {"stats": {k: [] for k in _STATS}, "instances": None, "memory": None}
+        )
 
     def record(self, aid: str, value: dict) -> None:
         self._measured(aid)["instances"] = value
+
+    def note_memory(self, aid: str, index: PartyIndex) -> None:
+        """The party's structures' bytes (its RTK-Sketch grows a query view when first asked)."""
+        mem = {"rtk": index.rtk.nbytes, "sketch": index.doc_sketch[1].nbytes}
+        self._measured(aid)["memory"] = mem
 
     def time(self, aid: str, key: str, seconds: float) -> None:
         self._measured(aid)["stats"][key].append(seconds)
 
     def _truth(self, owner: int, term: int) -> np.ndarray:
-        body = self.index(owner).fields[1]
+        body = self.text(owner).fields[1]
         tptr, tdocs, tcounts = body.postings
         out = np.zeros(body.n_docs, dtype=np.int64)
         out[tdocs[tptr[term] : tptr[term + 1]]] = tcounts[tptr[term] : tptr[term + 1]]
@@ -976,7 +997,7 @@ class CSFLTR(ProtocolRun):
     def measure_tf(
         self, aid: str, owner: int, docs: np.ndarray, terms: np.ndarray, est: np.ndarray
     ) -> None:
-        true = np.stack([f.tf(docs, terms) for f in self.index(owner).fields])
+        true = np.stack([f.tf(docs, terms) for f in self.text(owner).fields])
         stats = self._measured(aid)["stats"]
         stats["tf_abs_err"].append(float(np.abs(est - true).mean()))
         stats["tf_true"].append(float(true.mean()))
@@ -1000,7 +1021,7 @@ class CSFLTR(ProtocolRun):
         n_naive = len(s["naive_cover"])
         rtk_t = (mean("rtk_query_s") or 0.0) + (mean("rtk_owner_s") or 0.0)
         naive_t = (mean("naive_query_s") or 0.0) + (mean("naive_owner_s") or 0.0)
-        idx = [self.index(o) for o in range(self.corpus.n_parties)]
+        memory = [measured[a]["memory"] for a in parties if measured[a]["memory"]]
         out = {
             "mode": self.mode,
             "parties": self.corpus.n_parties,
@@ -1017,7 +1038,7 @@ class CSFLTR(ProtocolRun):
                 "rankable_terms": len(s["rtk_rankable"]),
                 "query_ms": rtk_t * 1e3,
                 "bytes_per_term": per_term(RTK_QUERY, RTK_ANSWER, n_rtk_terms),
-                "memory_bytes": int(sum(i.rtk.nbytes for i in idx)),
+                "memory_bytes": int(sum(m["rtk"] for m in memory)),
             }
             out["tf_estimate"] = {
                 "mean_abs_error": mean("tf_abs_err"),
@@ -1030,7 +1051,7 @@ class CSFLTR(ProtocolRun):
                 "cover_rate_rankable": mean("naive_rankable"),
                 "query_ms": naive_t * 1e3,
                 "bytes_per_term": per_term(NAIVE_QUERY, NAIVE_ANSWER, n_naive),
-                "memory_bytes": int(sum(i.doc_sketch[1].nbytes for i in idx)),
+                "memory_bytes": int(sum(m["sketch"] for m in memory)),
             }
             if n_rtk_terms and rtk_t > 0:
                 out["speedup"] = naive_t / rtk_t
