@@ -260,6 +260,29 @@ federation = { protocol = "foltr_es" }
     ]
 
 
+def test_fedips_over_workers_matches_the_memory_run(tmp_path):
+    """FedIPS (PBM users, IPS-weighted local SGD, FedOpt server) in two workers: the memory
+    run's metrics and message counts."""
+    sets = ["federation.rounds=6", "federation.clients=12", "scenario.repeats=1"]
+    scenario = str(ROOT / "scenarios" / "fedips.toml")
+    out = tmp_path / "zmq"
+    done = subprocess.run(
+        [*CLI, scenario, "--only", "FedIPS-g1.0", "--transport", "zmq", "--workers", "2"]
+        + [a for s in sets for a in ("--set", s)]
+        + ["--out", str(out), "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    scn = load_scenario(Path(scenario), sets)
+    scn = dataclasses.replace(
+        scn, reference=None, variants={"FedIPS-g1.0": scn.variants["FedIPS-g1.0"]}
+    )
+    assert_same_metrics(run_scenario(scn, tmp_path / "memory", Observer()), results(out))
+
+
 def test_csfltr_parties_in_worker_processes_report_to_the_server(tmp_path):
     """Parties hosted by two workers: their measurements and the relay eavesdropper's oracle
     reach the server. Owners draw their noise in arrival order, which real time does not fix,
