@@ -23,6 +23,11 @@ cannot read. It gets them with private sketch queries relayed by the server:
    (:mod:`foltr_async.ltr.textfeatures`) and keeps the estimated-BM25 top ``candidates`` plus
    the judged documents, as it does for its own documents.
 
+An owner draws each answer's noise from a generator keyed by its own secret and the query's
+content (kind, columns, signs, documents): a repeated query gets the same answer, so repeats
+cannot be averaged away, and answers do not depend on the order queries arrive in, so a run gives
+the same results on the memory bus and over ZeroMQ.
+
 Collection statistics (``csfltr.stats``): each party publishes once, through the relay, its
 document count, field lengths and per-term df and cf with Laplace(1/epsilon) noise per term
 (a deviation: a vocabulary-wide df vector has so large an L2 norm that a w = 200 Count Sketch of
@@ -68,6 +73,7 @@ a documented command in the README.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -547,6 +553,7 @@ class Party(Agent):
     def __init__(self, agent_id: str, run: CSFLTR, p: int, rng: np.random.Generator) -> None:
         super().__init__(agent_id, run.ctx.bus)
         self.proto, self.p, self.rng = run, p, rng
+        self.noise_key = int(rng.integers(2**63))  # secret of the owner's answer noise
         prm = run.ctx.params
         self.eps, self.z1, self.beta = prm["epsilon"], prm["z1"], prm["beta"]
         self.corpus, self.hashes = run.corpus, run.hashes
@@ -562,7 +569,7 @@ class Party(Agent):
             "uniform": lambda: uniform_decoys(run.corpus.n_terms),
         }[prm["decoys"]]()
         self.local = {int(q): self._local_block(int(q)) for q in self.queries}
-        self.cross: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.cross: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}  # q -> owner -> block
         self.weights = np.zeros(N_FEATURES)
         self.train_set: QuerySet | None = None
         self.pending: dict[int, _Pending] = {}
@@ -620,7 +627,8 @@ class Party(Agent):
         use_cross = self.proto.mode in ("csfltr", "local+")
         blocks, qids = [], []
         for q in self.queries.tolist():
-            parts = [self.local[q]] + (self.cross.get(q, []) if use_cross else [])
+            cross = self.cross.get(q, {}) if use_cross else {}
+            parts = [self.local[q]] + [cross[o] for o in sorted(cross)]  # not arrival order
             y = np.concatenate([b[1] for b in parts])
             if y.any():  # ListNet learns nothing from a query without a relevant document
                 blocks.append((np.vstack([b[0] for b in parts]), y))
@@ -631,7 +639,9 @@ class Party(Agent):
             {
                 "queries": ts.n_queries,
                 "instances": ts.n_docs,
-                "cross_instances": int(sum(len(b[1]) for q in self.cross.values() for b in q)),
+                "cross_instances": int(
+                    sum(len(b[1]) for per in self.cross.values() for b in per.values())
+                ),
             },
         )
         return ts
@@ -754,7 +764,7 @@ class Party(Agent):
         keep = np.zeros(len(docs), dtype=bool)
         keep[top_k(x[:, 12], self.proto.ctx.params["candidates"])] = True  # body BM25
         keep |= y > 0
-        self.cross.setdefault(job.q, []).append((_block_norm(x[keep]), y[keep]))
+        self.cross.setdefault(job.q, {})[job.owner] = (_block_norm(x[keep]), y[keep])
         self.proto.measure_tf(self.id, job.owner, docs, terms, tf)
         self._maybe_ready()
 
@@ -790,11 +800,24 @@ class Party(Agent):
 
     # -------------------------------------------------------------- owner side
 
+    def _noise(self, kind: str, *query: np.ndarray) -> np.random.Generator:
+        """The generator of one answer's noise: keyed by this owner's secret and the query's
+        content, so a repeated query gets the same answer (repeats cannot be averaged) and no
+        answer depends on the order queries arrive in (memory and ZeroMQ runs agree)."""
+        h = hashlib.blake2b(kind.encode(), digest_size=16)
+        for a in query:
+            h.update(np.ascontiguousarray(a).tobytes())
+        d = h.digest()
+        return np.random.default_rng(
+            [self.noise_key, int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")]
+        )
+
     @handles(RTK_QUERY)
     def on_rtk_query(self, env) -> None:
         t0 = time.perf_counter()
         b = env.body
-        answer = rtk_answer(self.index.rtk, b["cols"], self.eps, self.rng)
+        rng = self._noise(RTK_QUERY, b["cols"], b["signs"])
+        answer = rtk_answer(self.index.rtk, b["cols"], self.eps, rng)
         self.proto.time(self.id, "rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
         self.proto.note_memory(self.id, self.index)
         self.send(env.src, RTK_ANSWER, {"req": b["req"], **answer})
@@ -808,12 +831,13 @@ class Party(Agent):
         cols, signs = b["cols"], b["signs"]
         ix = self.index
         tf = np.stack([s.lookup(docs, cols) * signs for s in ix.doc_sketch])  # (2, n, m, z)
+        noisy = noisy_answer(tf, self.eps, self._noise(TF_QUERY, cols, signs, docs))
         self.send(
             env.src,
             TF_ANSWER,
             {
                 "req": b["req"],
-                "tf": noisy_answer(tf, self.eps, self.rng).astype(np.float32),
+                "tf": noisy.astype(np.float32),
                 "length": np.stack([f.lengths[docs] for f in ix.fields]).astype(np.int32),
                 "unique": np.stack([f.unique[docs] for f in ix.fields]).astype(np.int32),
             },
@@ -823,7 +847,8 @@ class Party(Agent):
     def on_naive_query(self, env) -> None:
         t0 = time.perf_counter()
         b = env.body
-        values = naive_answer(self.index.doc_sketch[1], b["cols"], b["signs"], self.eps, self.rng)
+        rng = self._noise(NAIVE_QUERY, b["cols"], b["signs"])
+        values = naive_answer(self.index.doc_sketch[1], b["cols"], b["signs"], self.eps, rng)
         self.proto.time(self.id, "naive_owner_s", time.perf_counter() - t0)
         self.send(env.src, NAIVE_ANSWER, {"req": b["req"], "values": values})
 

@@ -284,9 +284,9 @@ def test_fedips_over_workers_matches_the_memory_run(tmp_path):
 
 
 def test_csfltr_parties_in_worker_processes_report_to_the_server(tmp_path):
-    """Parties hosted by two workers: their measurements and the relay eavesdropper's oracle
-    reach the server. Owners draw their noise in arrival order, which real time does not fix,
-    so the metrics are close to the memory run's, not equal; the counts are equal."""
+    """Parties hosted by two workers (with network latency, in real time): the memory run's
+    metrics and message counts, since no answer depends on arrival order; the parties'
+    measurements and the relay eavesdropper's truths reach the server."""
     sets = [
         "--set",
         "federation.params.docs_per_party=300",
@@ -309,13 +309,14 @@ def test_csfltr_parties_in_worker_processes_report_to_the_server(tmp_path):
     z = results(out)["variants"]["csfltr"]["repeats"][0]
     scn = load_scenario(Path(scenario), [s for s in sets if s != "--set"])
     scn = dataclasses.replace(scn, reference=None, variants={"csfltr": scn.variants["csfltr"]})
-    m = run_scenario(scn, tmp_path / "memory", Observer())["variants"]["csfltr"]["repeats"][0]
+    mem = run_scenario(scn, tmp_path / "memory", Observer())
+    assert_same_metrics(mem, results(out))
+    m = mem["variants"]["csfltr"]["repeats"][0]
     assert z["transport"]["workers"] == 2 and z["messages"]["tap_errors"] == 0
     assert sorted(z["csfltr"]["instances"]) == [f"client-{p:04d}" for p in range(4)]
     for part in ("rtk", "naive"):
         assert z["csfltr"][part]["terms"] == m["csfltr"][part]["terms"] > 0
     assert z["eavesdrop"]["eve-0"]["terms"] == m["eavesdrop"]["eve-0"]["terms"] > 0
-    assert abs(z["offline"]["ndcg@10"][-1] - m["offline"]["ndcg@10"][-1]) < 0.02
     assert "csfltr.measured" not in z  # raw measurements are summarised, not written
 
 
