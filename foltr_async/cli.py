@@ -291,7 +291,7 @@ def _cmd_validate(argv: list[str]) -> int:
 
 def _cmd_list(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="python -m foltr_async list").parse_args(argv)
-    from foltr_async.ltr.synthetic import profile_names
+    from foltr_async.ltr.synthetic import profile_names, profile_summary
     from foltr_async.registry import load_plugins
 
     reg = load_plugins()
@@ -299,7 +299,7 @@ def _cmd_list(argv: list[str]) -> int:
         ("protocols", {n: e.help for n, e in reg.protocols.items()}),
         ("aggregators", {n: e.help for n, e in reg.aggregators.items()}),
         ("behaviours", {n: f"[{e.role}] {e.help}" for n, e in reg.behaviours.items()}),
-        ("dataset profiles", {n: "" for n in profile_names()}),
+        ("dataset profiles", {n: profile_summary(n) for n in profile_names()}),
         ("scenarios", {str(p): _first_line(p) for p in sorted(Path("scenarios").glob("*.toml"))}),
     ]
     for title, items in sections:

@@ -191,3 +191,13 @@ def test_make_dataset_files_round_trip(tmp_path, monkeypatch):
         assert np.array_equal(back[split].labels, ref[split].labels)
         assert np.array_equal(back[split].qptr, ref[split].qptr)
         assert np.array_equal(back[split].qids, ref[split].qids)
+
+
+def test_profile_summary_describes_the_generated_data():
+    from foltr_async.ltr.synthetic import profile_summary
+
+    d = make_dataset("mq2007-like", 0)
+    n = sum(s.n_queries for s in d.values())
+    docs = sum(s.n_docs for s in d.values()) / n
+    want = f"{d['train'].features.shape[1]} features, grades 0-2, ~{docs:.0f} documents per query"
+    assert profile_summary("mq2007-like") == f"{want}, {n} queries"

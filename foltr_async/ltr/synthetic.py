@@ -185,6 +185,15 @@ def profile_names() -> list[str]:
     return list(PROFILES)
 
 
+def profile_summary(profile: str) -> str:
+    """One line of a profile's shape (for ``list``)."""
+    p = _profile(profile)
+    return (
+        f"{p.n_features} features, grades 0-{len(p.grade_probs) - 1}, "
+        f"~{p.docs_mean:.0f} documents per query, {p.n_queries} queries"
+    )
+
+
 def _profile(profile: str) -> Profile:
     try:
         return PROFILES[profile]
