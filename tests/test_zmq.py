@@ -260,14 +260,12 @@ federation = { protocol = "foltr_es" }
     ]
 
 
-def test_fedips_over_workers_matches_the_memory_run(tmp_path):
-    """FedIPS (PBM users, IPS-weighted local SGD, FedOpt server) in two workers: the memory
-    run's metrics and message counts."""
-    sets = ["federation.rounds=6", "federation.clients=12", "scenario.repeats=1"]
-    scenario = str(ROOT / "scenarios" / "fedips.toml")
+def zmq_and_memory(tmp_path: Path, name: str, variant: str, sets: list[str]) -> tuple[dict, dict]:
+    """One variant of a shipped scenario with its clients in two workers, then in memory."""
+    scenario = ROOT / "scenarios" / name
     out = tmp_path / "zmq"
     done = subprocess.run(
-        [*CLI, scenario, "--only", "FedIPS-g1.0", "--transport", "zmq", "--workers", "2"]
+        [*CLI, str(scenario), "--only", variant, "--transport", "zmq", "--workers", "2"]
         + [a for s in sets for a in ("--set", s)]
         + ["--out", str(out), "--quiet"],
         cwd=ROOT,
@@ -276,41 +274,27 @@ def test_fedips_over_workers_matches_the_memory_run(tmp_path):
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    scn = load_scenario(Path(scenario), sets)
-    scn = dataclasses.replace(
-        scn, reference=None, variants={"FedIPS-g1.0": scn.variants["FedIPS-g1.0"]}
-    )
-    assert_same_metrics(run_scenario(scn, tmp_path / "memory", Observer()), results(out))
+    scn = load_scenario(scenario, sets)
+    scn = dataclasses.replace(scn, reference=None, variants={variant: scn.variants[variant]})
+    return results(out), run_scenario(scn, tmp_path / "memory", Observer())
+
+
+def test_fedips_over_workers_matches_the_memory_run(tmp_path):
+    """FedIPS (PBM users, IPS-weighted local SGD, FedOpt server) in two workers: the memory
+    run's metrics and message counts."""
+    sets = ["federation.rounds=6", "federation.clients=12", "scenario.repeats=1"]
+    zmq, mem = zmq_and_memory(tmp_path, "fedips.toml", "FedIPS-g1.0", sets)
+    assert_same_metrics(mem, zmq)
 
 
 def test_csfltr_parties_in_worker_processes_report_to_the_server(tmp_path):
     """Parties hosted by two workers (with network latency, in real time): the memory run's
     metrics and message counts, since no answer depends on arrival order; the parties'
     measurements and the relay eavesdropper's truths reach the server."""
-    sets = [
-        "--set",
-        "federation.params.docs_per_party=300",
-        "--set",
-        "federation.rounds=4",
-        "--set",
-        "scenario.repeats=1",
-    ]
-    scenario = str(ROOT / "scenarios" / "csfltr.toml")
-    out = tmp_path / "zmq"
-    done = subprocess.run(
-        [*CLI, scenario, "--only", "csfltr", *sets, "--transport", "zmq", "--workers", "2"]
-        + ["--out", str(out), "--quiet"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    z = results(out)["variants"]["csfltr"]["repeats"][0]
-    scn = load_scenario(Path(scenario), [s for s in sets if s != "--set"])
-    scn = dataclasses.replace(scn, reference=None, variants={"csfltr": scn.variants["csfltr"]})
-    mem = run_scenario(scn, tmp_path / "memory", Observer())
-    assert_same_metrics(mem, results(out))
+    sets = ["federation.params.docs_per_party=300", "federation.rounds=4", "scenario.repeats=1"]
+    zmq, mem = zmq_and_memory(tmp_path, "csfltr.toml", "csfltr", sets)
+    assert_same_metrics(mem, zmq)
+    z = zmq["variants"]["csfltr"]["repeats"][0]
     m = mem["variants"]["csfltr"]["repeats"][0]
     assert z["transport"]["workers"] == 2 and z["messages"]["tap_errors"] == 0
     assert sorted(z["csfltr"]["instances"]) == [f"client-{p:04d}" for p in range(4)]
