@@ -991,15 +991,8 @@ class CSFLTR(ProtocolRun):
     def time(self, aid: str, key: str, seconds: float) -> None:
         self._measured(aid)["stats"][key].append(seconds)
 
-    def _truth(self, owner: int, term: int) -> np.ndarray:
-        body = self.text(owner).fields[1]
-        tptr, tdocs, tcounts = body.postings
-        out = np.zeros(body.n_docs, dtype=np.int64)
-        out[tdocs[tptr[term] : tptr[term + 1]]] = tcounts[tptr[term] : tptr[term + 1]]
-        return out
-
     def _cover(self, aid: str, prefix: str, owner: int, term: int, found: np.ndarray) -> None:
-        true = self._truth(owner, int(term))
+        true = self.text(owner).fields[1].term_counts(int(term))
         c = cover_rate(found, true, self.k)
         stats = self._measured(aid)["stats"]
         stats[f"{prefix}_cover"].append(c)

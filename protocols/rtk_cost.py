@@ -97,13 +97,6 @@ def cost(
         len(terms),
     )
 
-    tptr, tdocs, tcounts = body.postings
-
-    def truth(t: int) -> np.ndarray:
-        out = np.zeros(body.n_docs, dtype=np.int64)
-        out[tdocs[tptr[t] : tptr[t + 1]]] = tcounts[tptr[t] : tptr[t + 1]]
-        return out
-
     def kth(true: np.ndarray) -> int:
         """The K-th largest count: 0 when fewer than K documents hold the term."""
         return int(np.partition(true, len(true) - k)[len(true) - k]) if len(true) >= k else 0
@@ -111,10 +104,10 @@ def cost(
     covers: dict[str, list[tuple[float, int]]] = {"rtk": [], "naive": []}
     for query, found in zip(qs, rtk_res, strict=True):
         for t, f in zip(query.tolist(), found, strict=True):
-            true = truth(t)
+            true = body.term_counts(t)
             covers["rtk"].append((cover_rate(f, true, k), kth(true)))
     for t, f in zip(terms.tolist(), naive_res, strict=True):
-        true = truth(t)
+        true = body.term_counts(t)
         covers["naive"].append((cover_rate(f, true, k), kth(true)))
 
     def summary(name: str, owner_s: float, querier_s: float, nbytes: float, memory: int) -> dict:

@@ -184,3 +184,9 @@ def test_msmarco_loader_errors_name_file_and_line(tmp_path, name, text, message)
     assert str(e.value).endswith(message) and "\n" not in str(e.value)
     with pytest.raises(DatasetError, match="no such collection file"):
         load_msmarco(tmp_path / "none.tsv", qs, qrels, stream(0, "m"))
+
+
+def test_term_counts_are_the_postings_as_a_dense_column(corpus):
+    body = corpus.body
+    for t in (0, 7, int(body.terms[5])):
+        assert np.array_equal(body.term_counts(t), body.tf(np.arange(body.n_docs), [t])[:, 0])

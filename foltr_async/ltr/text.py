@@ -136,6 +136,13 @@ class BagOfWords:
         np.cumsum(np.bincount(self.terms, minlength=self.n_terms), out=tptr[1:])
         return tptr, self.row[order], self.counts[order]
 
+    def term_counts(self, term: int) -> np.ndarray:
+        """Occurrences of one term in every document, (n_docs,) int64 (from the postings)."""
+        tptr, tdocs, tcounts = self.postings
+        out = np.zeros(self.n_docs, dtype=np.int64)
+        out[tdocs[tptr[term] : tptr[term + 1]]] = tcounts[tptr[term] : tptr[term + 1]]
+        return out
+
     @property
     def nbytes(self) -> int:
         return self.indptr.nbytes + self.terms.nbytes + self.counts.nbytes
