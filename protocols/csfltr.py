@@ -558,7 +558,6 @@ class Party(Agent):
         self.eps, self.z1, self.beta = prm["epsilon"], prm["z1"], prm["beta"]
         self.corpus, self.hashes = run.corpus, run.hashes
         self.index = run.index(p)
-        run.note_memory(agent_id, self.index)
         self.queries = np.array(
             [q for q in run.corpus.train_queries(p).tolist() if len(run.terms(q))], dtype=np.int64
         )
@@ -812,6 +811,10 @@ class Party(Agent):
             [self.noise_key, int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")]
         )
 
+    async def on_leave(self) -> None:
+        # every party leaves at the end of a run, before results (and workers' flushes)
+        self.proto.note_memory(self.id, self.index)
+
     @handles(RTK_QUERY)
     def on_rtk_query(self, env) -> None:
         t0 = time.perf_counter()
@@ -819,7 +822,6 @@ class Party(Agent):
         rng = self._noise(RTK_QUERY, b["cols"], b["signs"])
         answer = rtk_answer(self.index.rtk, b["cols"], self.eps, rng)
         self.proto.time(self.id, "rtk_owner_s", (time.perf_counter() - t0) / b["cols"].shape[0])
-        self.proto.note_memory(self.id, self.index)
         self.send(env.src, RTK_ANSWER, {"req": b["req"], **answer})
 
     @handles(TF_QUERY)
@@ -984,7 +986,8 @@ class CSFLTR(ProtocolRun):
         self._measured(aid)["instances"] = value
 
     def note_memory(self, aid: str, index: PartyIndex) -> None:
-        """The party's structures' bytes (its RTK-Sketch grows a query view when first asked)."""
+        """The party's structures' bytes at the end (with the RTK-Sketch's query view, if any
+        query built it)."""
         mem = {"rtk": index.rtk.nbytes, "sketch": index.doc_sketch[1].nbytes}
         self._measured(aid)["memory"] = mem
 
