@@ -15,10 +15,9 @@ from foltr_async.ltr.textfeatures import (
 from foltr_async.rng import stream
 
 
-@pytest.fixture(scope="module")
-def corpus():
+def small_corpus(seed: int):
     return make_corpus(
-        stream(3, "t"),
+        stream(seed, "t"),
         n_parties=3,
         docs_per_party=150,
         vocab_size=3000,
@@ -27,35 +26,22 @@ def corpus():
         queries_per_party=5,
         test_queries=6,
     )
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return small_corpus(3)
 
 
 def test_synthetic_corpus_is_deterministic_and_shaped_as_asked(corpus):
-    again = make_corpus(
-        stream(3, "t"),
-        n_parties=3,
-        docs_per_party=150,
-        vocab_size=3000,
-        n_topics=6,
-        body_len=300,
-        queries_per_party=5,
-        test_queries=6,
-    )
+    again = small_corpus(3)
     assert np.array_equal(corpus.body.terms, again.body.terms)
     assert np.array_equal(corpus.qrel_docs, again.qrel_docs)
     assert corpus.n_parties == 3 and corpus.n_docs == 450
     assert list(corpus.party_ptr) == [0, 150, 300, 450]
     assert 200 < corpus.body.lengths.mean() < 400 and corpus.title.lengths.max() <= 12
     assert len(corpus.train_queries(1)) == 5 and len(corpus.test_queries()) == 6
-    other = make_corpus(
-        stream(4, "t"),
-        n_parties=3,
-        docs_per_party=150,
-        vocab_size=3000,
-        n_topics=6,
-        body_len=300,
-        queries_per_party=5,
-        test_queries=6,
-    )
+    other = small_corpus(4)
     assert not np.array_equal(corpus.body.terms[:100], other.body.terms[:100])
 
 
