@@ -10,7 +10,7 @@ every message crosses, so their taps see every link as in memory.
 Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus``)::
 
     worker -> hub   hello {worker, claims}            hub -> worker   welcome | wait {reason}
-    hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq}}}
+    hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq, seen}}}
     worker -> hub   ready {req, states: {id: [state, role]}}   | error {req, message}
     hub -> worker   act {run, agent, action, round}    -> ack {req, states}
     hub -> worker   snap {run}                         -> snapped {req, agents, flush}
@@ -316,6 +316,7 @@ class ZmqServer:
                 "state": want,
                 "blob": saved["blob"] if saved else None,
                 "seq": saved.get("seq") if saved else None,
+                "seen": saved.get("seen") if saved else None,
             }
         if not mine:
             return
@@ -622,7 +623,7 @@ class AgentHost:
             agent = self.sim.agents.get(aid)
             if agent is None:
                 continue
-            self.bus.restore_seqs(aid, spec.get("seq") or {})
+            self.bus.restore_seqs(aid, spec.get("seq") or {}, spec.get("seen") or {})
             if spec["state"] == "joined":
                 agent.start()
             elif spec["state"] in ("left", "crashed"):
@@ -669,6 +670,7 @@ class AgentHost:
         agents = self.sim.capture_agents(ids)
         for aid in ids:
             agents[aid]["seq"] = self.bus.seqs_of(aid)
+            agents[aid]["seen"] = self.bus.seen_by(aid)
         return agents
 
     async def end(self) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import numpy as np
 import pytest
@@ -336,7 +338,7 @@ def test_replay_guard_window():
     guard = ReplayGuard(window=8)
 
     def ok(src: str, seq: int) -> bool:
-        return guard.check(Envelope("k", src, "me", {}, seq=seq))
+        return guard.check(Envelope("k", src, "me", {}, seq=seq)) is None
 
     assert ok("a", 5) and not ok("a", 5)  # duplicate
     assert ok("a", 3) and not ok("a", 3)  # out of order is fine, once
@@ -345,10 +347,54 @@ def test_replay_guard_window():
     assert ok("a", 6) and not ok("a", 6)
     assert not ok("a", 4)  # older than the window: refused
     assert not ok("a", 5)
-    assert ok("a", 1000) and ok("a", 999) and not ok("a", 12)
+    assert ok("a", 20) and ok("a", 19) and not ok("a", 12)  # a jump of a whole window
     small = ReplayGuard(window=4, max_sources=2)
-    assert small.check(Envelope("k", "x", "me", {}, seq=1))
-    assert small.check(Envelope("k", "y", "me", {}, seq=1))
-    assert small.check(Envelope("k", "z", "me", {}, seq=1))  # evicts x
-    assert small.check(Envelope("k", "x", "me", {}, seq=1))  # forgotten: accepted again
+    assert small.check(Envelope("k", "x", "me", {}, seq=1)) is None
+    assert small.check(Envelope("k", "y", "me", {}, seq=1)) is None
+    assert small.check(Envelope("k", "z", "me", {}, seq=1)) is None  # evicts x
+    assert small.check(Envelope("k", "x", "me", {}, seq=1)) is None  # forgotten: accepted again
     assert len(small._state) == 2
+
+
+@pytest.mark.parametrize("huge", [2**33, 2**62, 2**64 - 1])
+def test_replay_guard_drops_a_seq_far_ahead_in_constant_memory_and_the_sender_goes_on(huge):
+    """A forged or corrupt seq past the window is dropped as ``seq_ahead``, costs no memory
+    (a mask shifted by 2^33 took 2.3 GB), and the real sender's next seqs still pass."""
+    guard = ReplayGuard()
+
+    def check(seq: int) -> str | None:
+        return guard.check(Envelope("k", "client-1", "server", {}, seq=seq))
+
+    assert check(1) is None
+    tracemalloc.start()
+    try:
+        assert check(huge) == "seq_ahead"
+        assert check(1 + guard.window) is None  # at most a window ahead: accepted
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    assert check(2) is None and check(3) is None  # the honest sender is not silenced
+    assert check(2) == "replayed"
+    assert ReplayGuard().check(Envelope("k", "new", "server", {}, seq=huge)) == "seq_ahead"
+
+
+def test_replay_guard_resumes_from_its_highs():
+    guard = ReplayGuard(window=8)
+    for seq in (1, 2, 3):
+        guard.check(Envelope("k", "a", "me", {}, seq=seq))
+    again = ReplayGuard(window=8)
+    again.resume(guard.highs())
+    assert guard.highs() == {"a": 3}
+    assert again.check(Envelope("k", "a", "me", {}, seq=3)) == "replayed"
+    assert again.check(Envelope("k", "a", "me", {}, seq=4)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=60))
+def test_replay_guard_state_stays_bounded_and_accepts_each_seq_once(seqs):
+    guard = ReplayGuard(window=16)
+    accepted = [s for s in seqs if guard.check(Envelope("k", "a", "me", {}, seq=s)) is None]
+    assert len(accepted) == len(set(accepted))
+    high, bits = guard._state.get("a", (0, 0))
+    assert bits.bit_length() <= 16 and high <= 16 * max(1, len(seqs))

@@ -9,8 +9,8 @@ wall time. A ZeroMQ bus implements the same interface.
 Drops are counted per reason in ``stats.dropped``, logged at debug level and reported to drop
 listeners; they are never raised into an agent. Reasons: transport ``lost``, ``offline``,
 ``unknown_dst``, ``misrouted`` (header dst differs from the receiver); wire (from the codec)
-``oversized``, ``malformed``, ``bad_version``, ``unknown_kind``, ``bad_schema``, ``replayed``;
-agent (reported by agents) ``not_running``, ``no_handler``, ``handler_error``.
+``oversized``, ``malformed``, ``bad_version``, ``unknown_kind``, ``bad_schema``, ``replayed``,
+``seq_ahead``; agent (reported by agents) ``not_running``, ``no_handler``, ``handler_error``.
 Accounting: ``sent + injected == delivered + (drops of non-agent reasons) + in_flight``;
 agent drops happen after delivery.
 """
@@ -447,8 +447,9 @@ class MemoryBus(Bus):
         guard = self._guards.get(dst)
         if guard is None:
             guard = self._guards[dst] = ReplayGuard(self.replay_window)
-        if not guard.check(env):
-            self.report_drop("replayed", f"seq {env.seq} from {env.src}", env.src, dst, env.kind)
+        refused = guard.check(env)
+        if refused is not None:
+            self.report_drop(refused, f"seq {env.seq} from {env.src}", env.src, dst, env.kind)
             return
         n = len(data)
         st = self.stats

@@ -57,7 +57,9 @@ WIRE_VERSION = 1
 ARRAY_EXT = 1
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 #: Reasons ``decode`` (and the replay guard) can give; buses add transport reasons.
-DROP_REASONS = ("oversized", "malformed", "bad_version", "unknown_kind", "bad_schema", "replayed")
+DROP_REASONS = (
+    "oversized", "malformed", "bad_version", "unknown_kind", "bad_schema", "replayed", "seq_ahead"
+)  # fmt: skip
 
 _HEADER_KEYS = frozenset(("v", "kind", "src", "dst", "seq", "round", "sent_at", "body"))
 _MAX_ID_LEN = 256
@@ -560,12 +562,16 @@ def _decode(data: bytes, registry: SchemaRegistry, max_bytes: int) -> Envelope:
 
 
 class ReplayGuard:
-    """Remembers the (src, seq) pairs one receiver accepted, in bounded memory.
+    """Remembers the (src, seq) pairs one receiver accepted, in bounded memory and time.
 
     Per source: the highest seq seen and a bitmap of the ``window`` seqs below it (a Python
-    int, bit i = seq ``high - i``). A seq seen before, or older than the window, is refused.
-    At most ``max_sources`` sources are tracked; beyond that the oldest-tracked is forgotten
-    (so a flood of forged source ids cannot grow memory without bound).
+    int, bit i = seq ``high - i``). A seq seen before, or older than the window, is
+    ``replayed``; one more than ``window`` above the highest (a source not seen yet counts from
+    0) is ``seq_ahead``: honest senders number each link 1, 2, 3, ..., so a jump past the window
+    is forged or corrupt. Accepting it would move the window past the real sender's numbers and
+    silence it; since an accepted seq is at most ``window`` ahead, the sender's next real seq
+    is still inside the window. State is at most ``window`` bits per source and at most
+    ``max_sources`` sources (beyond that the oldest-tracked is forgotten), whatever the seqs.
     """
 
     __slots__ = ("window", "max_sources", "_mask", "_state")
@@ -578,27 +584,34 @@ class ReplayGuard:
         self._mask = (1 << window) - 1
         self._state: dict[str, tuple[int, int]] = {}
 
-    def check(self, env: Envelope) -> bool:
-        """Accept (and remember) a fresh (src, seq); False for a replay or a too-old seq."""
+    def check(self, env: Envelope) -> str | None:
+        """None for a fresh (src, seq), now remembered; else the drop reason."""
         seq = env.seq
         st = self._state.get(env.src)
-        if st is None:
-            if len(self._state) >= self.max_sources:
-                del self._state[next(iter(self._state))]
-            self._state[env.src] = (seq, 1)
-            return True
-        high, bits = st
+        high, bits = (0, 1) if st is None else st
         if seq > high:
-            self._state[env.src] = (seq, ((bits << (seq - high)) | 1) & self._mask)
-            return True
+            jump = seq - high
+            if jump > self.window:
+                return "seq_ahead"
+            if st is None and len(self._state) >= self.max_sources:
+                del self._state[next(iter(self._state))]
+            self._state[env.src] = (seq, ((bits << jump) | 1) & self._mask)
+            return None
         age = high - seq
-        if age >= self.window:
-            return False
-        bit = 1 << age
-        if bits & bit:
-            return False
-        self._state[env.src] = (high, bits | bit)
-        return True
+        if age >= self.window or bits >> age & 1:
+            return "replayed"
+        self._state[env.src] = (high, bits | 1 << age)
+        return None
+
+    def highs(self) -> dict[str, int]:
+        """The highest seq accepted from each source (a checkpoint of this guard)."""
+        return {src: high for src, (high, _) in self._state.items()}
+
+    def resume(self, highs: Mapping[str, int]) -> None:
+        """Continue from ``highs()``: every seq up to each high counts as seen (nothing was in
+        flight at the checkpoint), so a resumed receiver takes the next seqs and no replays."""
+        for src, high in highs.items():
+            self._state[src] = (high, self._mask)
 
     def forget(self, src: str) -> None:
         self._state.pop(src, None)

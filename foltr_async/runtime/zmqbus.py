@@ -69,6 +69,7 @@ from foltr_async.runtime.codec import (
     WIRE_VERSION,
     DropMessage,
     Envelope,
+    ReplayGuard,
     SchemaRegistry,
     decode,
     encode,
@@ -277,9 +278,12 @@ class HubBus(MemoryBus):
         return self._where.get(agent_id)
 
     def forget_sender(self, agent_id: str) -> None:
-        """A re-hosted agent numbers its messages from 1 again: reset its replay windows."""
+        """A re-hosted agent starts afresh: it numbers its messages from 1 again and its new
+        replay guard counts from 0, so both directions' numbering restarts."""
         for guard in self._guards.values():
             guard.forget(agent_id)
+        for link in [k for k in self._seq if k[1] == agent_id]:
+            del self._seq[link]
 
     def inject(self, data: bytes, dst: str) -> None:
         worker = self._where.get(dst)
@@ -424,9 +428,18 @@ class WorkerBus(MemoryBus):
         """The last sequence number ``src`` used towards each destination (checkpoints)."""
         return {dst: n for (s, dst), n in self._seq.items() if s == src}
 
-    def restore_seqs(self, src: str, seqs: dict[str, int]) -> None:
-        for dst, n in seqs.items():
-            self._seq[src, dst] = n
+    def seen_by(self, dst: str) -> dict[str, int]:
+        """The highest seq ``dst`` accepted from each sender (checkpoints)."""
+        guard = self._guards.get(dst)
+        return guard.highs() if guard is not None else {}
+
+    def restore_seqs(self, agent: str, sent: dict[str, int], seen: dict[str, int]) -> None:
+        """Continue an agent's numbering and its replay guard from a checkpoint."""
+        for dst, n in sent.items():
+            self._seq[agent, dst] = n
+        if seen:
+            self._guards[agent] = guard = ReplayGuard(self.replay_window)
+            guard.resume(seen)
 
     def send(self, src: str, dst: str, kind: str, body: dict, round: int = 0) -> None:
         now = asyncio.get_running_loop().time()
