@@ -390,6 +390,13 @@ def test_killed_worker_counts_as_dropped_and_a_restarted_one_rejoins(tmp_path, m
     names = [e["event"] for e in events(out) if e.get("variant") == "default"]  # in the run
     assert names.count("worker_lost") == 1 and names.count("worker_joined") == 3
     assert results(out)["complete"]
+    rep = results(out)["variants"]["default"]["repeats"][0]
+    # every reply's 3 interactions are in the online metric, the killed worker's too (they
+    # were flushed only at the end, and the killed process's vanished), and its deliveries
+    # are counted: every message sent was delivered or dropped
+    assert rep["online"]["interactions"] == 3 * (sum(replied.values()) + rep["late_replies"])
+    m = rep["messages"]
+    assert m["sent"] == m["delivered"] + sum(m["dropped"].values())
 
 
 def test_server_resume_with_workers_left_running_gives_the_uninterrupted_result(

@@ -414,6 +414,8 @@ class WorkerBus(MemoryBus):
         )
         self.link = link
         self.run_id = run
+        #: called before each message leaves (the host sends its measurements ahead of it)
+        self.before_send: Callable[[], None] | None = None
 
     def tap(self, callback, **kw) -> None:  # noqa: ANN001
         raise ScenarioError(
@@ -446,6 +448,8 @@ class WorkerBus(MemoryBus):
         data = encode(
             Envelope(kind, src, dst, body, round, self._next_seq(src, dst), now, WIRE_VERSION)
         )
+        if self.before_send is not None:
+            self.before_send()
         self.link.send_data(self.run_id, dst, data)
 
     def broadcast(
@@ -456,6 +460,8 @@ class WorkerBus(MemoryBus):
             return
         now = asyncio.get_running_loop().time()
         seqs = [self._next_seq(src, d) for d in dsts]
+        if self.before_send is not None:
+            self.before_send()
         for d, data in zip(dsts, encode_many(src, dsts, kind, body, round, seqs, now), strict=True):
             self.link.send_data(self.run_id, d, data)
 
