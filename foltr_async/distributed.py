@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,10 @@ import structlog
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
+from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.zmqbus import (
+    HUB_CONTROL,
     Hub,
     HubBus,
     ServerKeys,
@@ -136,6 +139,60 @@ def run_digest(cfg: dict, data: Any) -> str:
     return h.hexdigest()[:32]
 
 
+# --------------------------------------------------------------------------- control schemas
+
+
+class _Any(Spec):
+    """Any decoded value: probe extras and oracle truths are the protocol's to read."""
+
+    __slots__ = ()
+
+    def check(self, value: Any) -> Any:
+        return value
+
+
+_STATES = Map(ListOf(Str(), max_len=2))
+_FLUSH = Struct(
+    {
+        "shown": Struct(
+            {
+                "owners": ListOf(Str()),
+                "owner": Array("int32"),
+                "rounds": Array("int64"),
+                "values": Array("float64"),
+            }
+        ),
+        "extras": Map(_Any()),
+        "stats": Struct(
+            {
+                "delivered": Int(min=0),
+                "bytes_delivered": Int(min=0),
+                "dropped": Map(Int()),
+                "kinds": Map(ListOf(Int(), max_len=3)),
+            }
+        ),
+    }
+)
+_SAVED = Struct({"state": Str(), "blob": Bytes(), "seq": Map(Int(min=0)), "seen": Map(Int(min=0))})
+
+
+def _reply(**fields: Spec) -> Struct:
+    return Struct({"t": Str(), "req": Int(), **fields})
+
+
+#: What a worker may send the server; anything else is dropped and counted by the hub.
+WORKER_CONTROL: dict[str, Struct] = {
+    **HUB_CONTROL,
+    "ready": _reply(states=_STATES),
+    "ack": _reply(states=_STATES),
+    "error": Struct({"t": Str(), "req": Opt(Int()), "message": Str(max_len=4000)}),
+    "snapped": _reply(agents=Map(_SAVED), flush=_FLUSH),
+    "done": _reply(flush=_FLUSH),
+    "oracle": Struct({"t": Str(), "run": Int(), "key": ListOf(_Any()), "value": ListOf(_Any())}),
+    "flush": Struct({"t": Str(), "run": Int(), "flush": _FLUSH}),
+}
+
+
 # --------------------------------------------------------------------------- server side
 
 
@@ -201,6 +258,7 @@ class ZmqServer:
             on_control=self._on_control,
             on_lost=self._on_lost,
             on_refused=self._on_refused,
+            control=WORKER_CONTROL,
         )
         self.join_timeout = join_timeout
         self.reply_timeout = reply_timeout
@@ -217,6 +275,11 @@ class ZmqServer:
         self._digest = ""
         self._round_t: list[float] = []
         self._wall0 = 0.0
+        self._refused_keys: set[str] = set()
+        #: the hub's refusal and dropped-frame counts at the end of the previous run, and
+        #: this run's share of them (a run reports its own, not the experiment's so far)
+        self._counts_before: tuple[int, Counter] = (0, Counter())
+        self._run_counts: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -403,6 +466,12 @@ class ZmqServer:
         finally:
             self.sim = None
             self.hub.bus = None
+            refused, dropped = self._counts_before
+            self._run_counts = {
+                "refused_handshakes": self.hub.refused - refused,
+                "frames_dropped": dict(self.hub.dropped - dropped),
+            }
+            self._counts_before = (self.hub.refused, Counter(self.hub.dropped))
 
     def report(self) -> dict[str, Any]:
         """Transport facts; the message rate counts each message once, over the rounds' wall
@@ -423,7 +492,7 @@ class ZmqServer:
                 "p50": float(np.percentile(gaps, 50)) if gaps.size else None,
                 "p95": float(np.percentile(gaps, 95)) if gaps.size else None,
             },
-            "refused_handshakes": self.hub.refused,
+            **self._run_counts,
         }
 
     # ----------------------------------------------------------------- requests
@@ -547,6 +616,12 @@ class ZmqServer:
         )
 
     def _on_refused(self, address: str, key: str) -> None:
+        """One warning (and event) per refused key; libzmq retries a refused peer's handshake
+        every reconnect interval, and ``Hub.refused`` counts each."""
+        if key in self._refused_keys:
+            log.debug("auth_refused", address=address, key=key)
+            return
+        self._refused_keys.add(key)
         log.warning("auth_refused", address=address, key=key)
         sim = self.sim
         if sim is not None:

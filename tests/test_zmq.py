@@ -141,6 +141,9 @@ def test_agent_specs_and_control_messages_round_trip():
         unpack_control(b"\xc1")
 
 
+HELLO = {"t": "hello", "worker": "w1", "claims": [0], "host": "h", "pid": 1}
+
+
 class _Proxy:
     remote = True
     role = "client"
@@ -173,7 +176,7 @@ async def test_network_input_is_checked_dropped_and_counted_never_raised():
     dealer.routing_id = b"w1"
     dealer.connect(endpoint)
     try:
-        await dealer.send_multipart([b"C", pack_control({"t": "hello", "claims": [0]})])
+        await dealer.send_multipart([b"C", pack_control(HELLO)])
         await asyncio.sleep(0.2)
         bus.register(_Proxy("client-0000", b"w1"))
         head, stale = struct.pack("<Id", 1, 0.0), struct.pack("<Id", 7, 0.0)
@@ -214,6 +217,73 @@ async def test_network_input_is_checked_dropped_and_counted_never_raised():
         dealer.close(linger=0)
         ctx.term()
         await hub.close(bye=False)
+
+
+async def test_garbage_control_frames_are_counted_once_with_one_warning_per_reason():
+    """Undecodable, untyped, schema-breaking and unknown control messages and broken frames
+    from a peer: counted by reason, one warning line per reason and no traceback (a bad hello
+    raised out of the server's handler and its sender became a worker); only a valid hello
+    makes a worker. Refused handshakes are counted in the run they happened in."""
+    import msgpack
+    import structlog
+    import zmq
+    import zmq.asyncio
+
+    from foltr_async.distributed import ZmqServer
+
+    srv = ZmqServer("tcp://127.0.0.1:0", keys=None)
+    await srv.start()
+    ctx = zmq.asyncio.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.routing_id = b"mallory"
+    dealer.connect(srv.hub.endpoint)
+    garbage = [
+        [b"C", b"\xc1garbage"],
+        [b"C", msgpack.packb([1, 2])],
+        [b"C", pack_control({"t": "hello", "claims": "abc", "pid": "x"})],
+        [b"C", pack_control({**HELLO, "claims": [1, "x"], "worker": {"a": 1}})],
+        [b"C", pack_control({**HELLO, "pid": -1})],
+        [b"C", pack_control({"t": "flush", "run": 0, "flush": 3})],
+        [b"C", pack_control({"t": "ready", "req": "zz", "states": 5})],
+        [b"C", pack_control({"t": "nonsense"})],
+        [b"X"],
+        [b"M", b"12"],
+        [b"M", struct.pack("<Id", 1, 0.0), b"server", b"\xc1"],
+    ]
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for f in garbage:
+                await dealer.send_multipart(f)
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if sum(srv.hub.dropped.values()) == len(garbage):
+                    break
+        assert dict(srv.hub.dropped) == {
+            "undecodable": 2,
+            "bad_control": 6,
+            "bad_frame": 2,
+            "not_introduced": 1,
+        }
+        assert srv.workers == {} and srv.hub.peers == {}
+        warnings = [e["reason"] for e in logs if e["log_level"] == "warning"]
+        assert sorted(warnings) == ["bad_control", "bad_frame", "not_introduced", "undecodable"]
+        assert not any(e["log_level"] in ("error", "critical") for e in logs)
+        await dealer.send_multipart([b"C", pack_control(HELLO)])
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if srv.workers:
+                break
+        assert [w.name for w in srv.workers.values()] == ["w1"]
+        srv.hub._refused("10.0.0.9", "KEY")
+        await srv.end_run(None)
+        assert srv.report()["refused_handshakes"] == 1
+        assert srv.report()["frames_dropped"] == dict(srv.hub.dropped)
+        await srv.end_run(None)  # the next variant: nothing new refused or dropped
+        assert srv.report()["refused_handshakes"] == 0 and srv.report()["frames_dropped"] == {}
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+        await srv.hub.close(bye=False)
 
 
 # --------------------------------------------------------------------------- processes

@@ -47,7 +47,8 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,13 @@ from foltr_async.runtime.codec import (
     WIRE_VERSION,
     DropMessage,
     Envelope,
+    Int,
+    ListOf,
     ReplayGuard,
     SchemaRegistry,
+    Spec,
+    Str,
+    Struct,
     decode,
     encode,
     encode_many,
@@ -78,6 +84,7 @@ from foltr_async.runtime.codec import (
 from foltr_async.runtime.network import NetworkModel
 
 __all__ = [
+    "HUB_CONTROL",
     "Hub",
     "HubBus",
     "ServerKeys",
@@ -149,6 +156,34 @@ def unpack_control(data: bytes) -> dict:
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise ValueError("control message without a type 't'")
     return msg
+
+
+#: The control messages the hub itself reads; a server adds its own (``Hub(control=...)``).
+#: A peer becomes a worker only with a hello that matches its schema.
+HUB_CONTROL: dict[str, Struct] = {
+    "hello": Struct(
+        {
+            "t": Str(),
+            "worker": Str(),
+            "claims": ListOf(Int(min=0)),
+            "host": Str(),
+            "pid": Int(min=0),
+        }
+    ),
+    "hb": Struct({"t": Str()}),
+}
+
+
+def check_control(msg: dict, schemas: Mapping[str, Spec]) -> str | None:
+    """Why a decoded control message does not match its type's schema, or None."""
+    spec = schemas.get(msg["t"])
+    if spec is None:
+        return f"unknown control type {msg['t'][:40]!r}"
+    try:
+        spec.check(msg)
+    except Exception as e:  # the specs' own error: one line naming the field
+        return str(e)
+    return None
 
 
 def _head(kind: str, src: str, dst: str, round: int, seq: int, sent_at: float) -> bytes:
@@ -561,10 +596,15 @@ class _Peer:
 class Hub:
     """The server end: one ROUTER socket, CURVE authentication, heartbeats, frame dispatch.
 
-    ``on_control(peer, msg)`` gets every control message but heartbeats, ``on_lost(peer)``
-    a worker whose heartbeats stopped (or whose connection is gone); data frames go to
-    ``bus.from_worker`` (the current run's ``HubBus``). Counters: ``refused`` handshakes,
-    ``frames_out`` / ``frames_in``, ``bytes_out`` / ``bytes_in``.
+    ``on_control(peer, msg)`` gets every control message but heartbeats, once it matches its
+    schema in ``control`` (default ``HUB_CONTROL``), and only from a peer that said a valid
+    hello; ``on_lost(peer)`` a worker whose heartbeats stopped (or whose connection is gone);
+    data frames from introduced peers go to ``bus.from_worker`` (the current run's ``HubBus``).
+    Frames that cannot be used are counted in ``dropped`` by reason (``bad_frame``,
+    ``undecodable``, ``bad_control``, ``not_introduced``, ``handler_error``), each reason
+    logged once as a warning (then at debug level): a flood of garbage costs a counter, not a
+    log. Counters: ``refused`` handshakes, ``frames_out`` / ``frames_in``, ``bytes_out`` /
+    ``bytes_in``.
     """
 
     def __init__(
@@ -577,8 +617,10 @@ class Hub:
         on_control: Callable[[bytes, dict], None] | None = None,
         on_lost: Callable[[bytes], None] | None = None,
         on_refused: Callable[[str, str], None] | None = None,
+        control: Mapping[str, Spec] = HUB_CONTROL,
     ) -> None:
         self.bind_address = bind
+        self.control_schemas = control
         self.keys = keys
         self.heartbeat = heartbeat
         self.timeout = timeout
@@ -589,6 +631,7 @@ class Hub:
         self.peers: dict[bytes, _Peer] = {}
         self.endpoint = ""
         self.refused = 0
+        self.dropped: Counter[str] = Counter()
         self.closing = False
         self.frames_out = self.frames_in = self.bytes_out = self.bytes_in = 0
         self._ctx: zmq.asyncio.Context | None = None
@@ -674,8 +717,14 @@ class Hub:
             frames = await sock.recv_multipart()
             try:
                 self._dispatch(frames)
-            except Exception:  # a peer's bad frame must never end the hub
-                log.exception("hub_frame_error")
+            except Exception as e:  # a peer's bad frame must never end the hub
+                self.drop(frames[0], "handler_error", f"{type(e).__name__}: {e}")
+
+    def drop(self, peer: bytes, reason: str, detail: str) -> None:
+        """Count one unusable frame; the first of each reason is a warning, later ones debug."""
+        self.dropped[reason] += 1
+        say = log.warning if self.dropped[reason] == 1 else log.debug
+        say("hub_frame_dropped", reason=reason, peer=peer[:64], detail=detail[:200])
 
     def _dispatch(self, frames: list[bytes]) -> None:
         if self.closing:
@@ -683,6 +732,7 @@ class Hub:
         self.frames_in += 1
         self.bytes_in += sum(len(f) for f in frames)
         if len(frames) < 2:
+            self.drop(frames[0] if frames else b"", "bad_frame", f"{len(frames)} frames")
             return
         peer, tag = frames[0], frames[1]
         known = self.peers.get(peer)
@@ -690,8 +740,11 @@ class Hub:
             known.last_seen = time.monotonic()
         if tag == b"M" and len(frames) == 5:
             bus = self.bus
-            if known is None or bus is None:
-                log.debug("hub_data_dropped", peer=peer, reason="no run or unknown worker")
+            if known is None:
+                self.drop(peer, "not_introduced", "data frame before a valid hello")
+                return
+            if bus is None:
+                log.debug("hub_data_dropped", peer=peer, reason="no run")
                 return
             try:
                 run, _ = _RUN.unpack(frames[2])
@@ -702,12 +755,16 @@ class Hub:
             bus.from_worker(peer, run, frames[4])
             return
         if tag != b"C" or len(frames) != 3:
-            log.debug("hub_frame_dropped", peer=peer, frames=len(frames))
+            self.drop(peer, "bad_frame", f"tag {tag[:8]!r} with {len(frames) - 1} frames")
             return
         try:
             msg = unpack_control(frames[2])
         except ValueError as e:
-            log.warning("hub_control_dropped", peer=peer, error=str(e))
+            self.drop(peer, "undecodable", str(e))
+            return
+        why = check_control(msg, self.control_schemas)
+        if why is not None:
+            self.drop(peer, "bad_control", f"{msg['t'][:40]}: {why}")
             return
         if msg["t"] == "hello":
             self.peers[peer] = _Peer(peer, time.monotonic(), msg)
@@ -871,8 +928,8 @@ class WorkerLink:
                     msg = unpack_control(frames[1])
                     if msg["t"] != "hb" and self.on_control is not None:
                         self.on_control(msg)
-            except Exception:  # a bad frame must never end the worker
-                log.exception("worker_frame_error")
+            except Exception as e:  # a bad frame must never end the worker: one line
+                log.warning("worker_frame_error", error=f"{type(e).__name__}: {e}"[:200])
 
     async def _beat_loop(self) -> None:
         while True:
