@@ -280,6 +280,7 @@ class ZmqServer:
         #: this run's share of them (a run reports its own, not the experiment's so far)
         self._counts_before: tuple[int, Counter] = (0, Counter())
         self._run_counts: dict[str, Any] = {}
+        self.worker_errors = 0
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -303,6 +304,7 @@ class ZmqServer:
         )
         self.hub.bus = self.bus
         self._round_t = []
+        self.worker_errors = 0  # runs a worker refused (this run)
         original = self.bus.begin_round
 
         def begin_round(round: int, agent_ids: list[str]) -> set[str]:
@@ -402,8 +404,9 @@ class ZmqServer:
         reply = await self._request(peer, msg)
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
-        if reply["t"] == "error":
+        if reply["t"] == "error":  # e.g. agent state it refused to load
             w = self.workers.get(peer)
+            self.worker_errors += 1
             self.sim._emit("worker_error", worker=w.name if w else "?", message=reply["message"])
             return
         fresh = [a for a, spec in msg["agents"].items() if spec["blob"] is None]
@@ -492,6 +495,7 @@ class ZmqServer:
                 "p50": float(np.percentile(gaps, 50)) if gaps.size else None,
                 "p95": float(np.percentile(gaps, 95)) if gaps.size else None,
             },
+            "worker_errors": self.worker_errors,
             **self._run_counts,
         }
 

@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +154,58 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     with pytest.raises(CheckpointError, match="which this run lacks"):
         restore(Holder(), blob, {})
     assert issubclass(CheckpointError, FoltrError)
+
+
+class _Calls:
+    """A pickle that calls ``call(*args)`` when loaded (what a tampered state would hold)."""
+
+    def __init__(self, call, *args) -> None:
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+def _global(module: str, name: str) -> bytes:
+    """A protocol-4 pickle of the global ``module.name`` called with no arguments."""
+
+    def text(s: str) -> bytes:
+        raw = s.encode()
+        return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
+
+    return (
+        pickle.PROTO + b"\x04" + text(module) + text(name) + pickle.STACK_GLOBAL
+        + pickle.EMPTY_TUPLE + pickle.REDUCE + pickle.STOP
+    )  # fmt: skip
+
+
+def test_checkpoint_data_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    """Agent state reaches workers over the network on --resume: loading it must not call what
+    the data names (pickle.loads ran os.system here and wrote the marker file)."""
+    from numpy.random import _pickle as np_pickle
+
+    from foltr_async.distributed import LocalWorkers
+    from foltr_async.runtime.checkpoint import loads, write_atomic
+
+    marker = tmp_path / "ran"
+    payloads = {
+        "os.system": pickle.dumps({"w": _Calls(os.system, f"touch {marker}")}),
+        "exec": pickle.dumps([_Calls(exec, f"open({str(marker)!r}, 'w').close()")]),
+        "a project function": pickle.dumps(_Calls(write_atomic, marker, 1)),
+        "a project constructor": pickle.dumps(_Calls(LocalWorkers, None, [], 1, marker, True)),
+        "a library call with a class": pickle.dumps(
+            _Calls(np_pickle.__bit_generator_ctor, LocalWorkers)
+        ),
+        "a dotted name": _global("foltr_async.distributed", "subprocess.Popen"),
+        "a module not imported": _global("foltr_async.__main__", "main"),
+        "protocol 0": pickle.dumps(_Calls(os.system, f"touch {marker}"), protocol=0),
+    }
+    for what, data in payloads.items():
+        with pytest.raises(CheckpointError, match="may not load|unreadable"):
+            loads(data, {})
+        assert not marker.exists(), what
+    path = tmp_path / "checkpoint.pkl"
+    path.write_bytes(payloads["os.system"])
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pkl: .*posix\.system"):
+        read_checkpoint(path)
+    assert not marker.exists()

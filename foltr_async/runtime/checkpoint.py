@@ -19,18 +19,27 @@ Rules the pickler follows:
   into its flat parameter vector); a view of anything else is copied;
 - everything else is pickled by value, identity preserved within one ``capture``.
 
-Checkpoint files are pickles: load only checkpoints you wrote. ``write_atomic`` writes via a
-temporary file, fsync and rename, so a crash mid-write leaves the previous checkpoint intact.
+Loading never runs code a pickle names: agent state travels between processes (a worker's
+snapshot to the server, a checkpoint back to a worker on ``--resume``), so ``loads`` and
+``read_checkpoint`` accept only the project's own classes (rebuilt without calling their
+constructors) and a short list of library callables whose arguments are checked (numpy arrays,
+dtypes and random generators, ``collections`` containers, the registered reducers). Anything
+else (``os.system``, ``builtins.exec``, a project function, a constructor call) is refused
+with a ``CheckpointError`` naming it. ``write_atomic`` writes via a temporary file, fsync and
+rename, so a crash mid-write leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import io
 import os
 import pickle
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from types import NoneType
 from typing import Any
 
 import numpy as np
@@ -64,11 +73,18 @@ class CheckpointError(FoltrError):
 
 #: type -> reducer for objects pickle cannot handle by itself (``register_reducer``).
 _REDUCERS: dict[type, Any] = {}
+#: callable -> check of its arguments: what a loaded checkpoint may call (``_SafeUnpickler``).
+_CALLS: dict[Any, Callable[[tuple], bool]] = {}
 
 
-def register_reducer(kind: type, reduce: Any) -> None:
-    """Teach checkpoints an extra type: ``reduce(obj) -> (callable, args)`` as in ``copyreg``."""
+def register_reducer(
+    kind: type, reduce: Any, rebuild: Any = None, check: Callable[[tuple], bool] | None = None
+) -> None:
+    """Teach checkpoints an extra type: ``reduce(obj) -> (rebuild, args)`` as in ``copyreg``;
+    loading calls ``rebuild`` only with arguments ``check(args)`` accepts."""
     _REDUCERS[kind] = reduce
+    if rebuild is not None:
+        _CALLS[rebuild] = check or (lambda args: False)
 
 
 def _x25519_keys() -> None:
@@ -79,20 +95,38 @@ def _x25519_keys() -> None:
     except ImportError:  # pragma: no cover - cryptography is optional for the runtime
         return
     raw = serialization.Encoding.Raw
+    one_key = _types(bytes)
+    private, public = x25519.X25519PrivateKey, x25519.X25519PublicKey
     register_reducer(
-        x25519.X25519PrivateKey,
+        private,
         lambda k: (
-            x25519.X25519PrivateKey.from_private_bytes,
+            private.from_private_bytes,
             (k.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),),
         ),
+        private.from_private_bytes,
+        one_key,
     )
     register_reducer(
-        x25519.X25519PublicKey,
+        public,
         lambda k: (
-            x25519.X25519PublicKey.from_public_bytes,
+            public.from_public_bytes,
             (k.public_bytes(raw, serialization.PublicFormat.Raw),),
         ),
+        public.from_public_bytes,
+        one_key,
     )
+    # a classmethod pickles as getattr(class, name): allowed for these two only
+    _GETATTR.update({(private, "from_private_bytes"), (public, "from_public_bytes")})
+
+
+def _types(*kinds: Any) -> Callable[[tuple], bool]:
+    """An argument check: exactly these positional types."""
+    return lambda args: (
+        len(args) == len(kinds) and all(isinstance(a, k) for a, k in zip(args, kinds, strict=True))
+    )
+
+
+_GETATTR: set[tuple[type, str]] = set()
 
 
 _x25519_keys()
@@ -107,6 +141,68 @@ def _reduce_registered(obj: Any) -> Any:
 
 def _view_of(base: np.ndarray, offset: int, shape: tuple, strides: tuple, dtype: np.dtype):
     return np.ndarray(shape, dtype, buffer=base, offset=offset, strides=strides)
+
+
+def _library_calls() -> None:
+    """The library callables checkpoints of this project's runs contain, with their checks."""
+    from numpy._core.multiarray import scalar
+    from numpy._core.numeric import _frombuffer
+    from numpy.random import BitGenerator, SeedSequence
+    from numpy.random import _pickle as rp
+    from numpy.random.bit_generator import __pyx_unpickle_SeedSequence as unpickle_seeds
+
+    def bit_generator(args: tuple) -> bool:
+        return len(args) == 1 and (
+            args[0] in rp.BitGenerators
+            or (isinstance(args[0], type) and issubclass(args[0], BitGenerator))
+        )
+
+    def generator(args: tuple) -> bool:
+        return len(args) == 1 and (isinstance(args[0], BitGenerator) or bit_generator(args))
+
+    def frombuffer(args: tuple) -> bool:
+        return (
+            len(args) == 4
+            and isinstance(args[0], bytes | bytearray | pickle.PickleBuffer)
+            and isinstance(args[1], np.dtype)
+            and isinstance(args[2], tuple)
+            and args[3] in ("C", "F")
+        )
+
+    _CALLS.update(
+        {
+            np.dtype: lambda args: all(isinstance(a, str | bool | int) for a in args),
+            _frombuffer: frombuffer,
+            scalar: lambda args: (
+                len(args) == 2
+                and isinstance(args[0], np.dtype)
+                and args[0].kind in "biufc"
+                and isinstance(args[1], bytes)
+            ),
+            rp.__bit_generator_ctor: bit_generator,
+            rp.__generator_ctor: generator,
+            unpickle_seeds: lambda args: len(args) == 3 and args[0] is SeedSequence,
+            collections.Counter: lambda args: (
+                args == () or (len(args) == 1 and type(args[0]) is dict)
+            ),
+            collections.OrderedDict: lambda args: args == (),
+            collections.deque: lambda args: (
+                len(args) <= 2 and all(isinstance(a, list | int | type(None)) for a in args)
+            ),
+            _view_of: _types(np.ndarray, int, tuple, tuple, np.dtype),
+            slice: lambda args: len(args) == 3 and all(type(a) in (int, NoneType) for a in args),
+            range: lambda args: len(args) == 3 and all(type(a) is int for a in args),
+            complex: lambda args: len(args) == 2 and all(type(a) is float for a in args),
+        }
+    )
+
+
+_library_calls()
+#: (module, name) of every allowed callable that is not a project class
+_GLOBALS = {(f.__module__, f.__qualname__): f for f in _CALLS if hasattr(f, "__qualname__")}
+#: modules whose classes a checkpoint may rebuild (with ``cls.__new__``, no constructor)
+_CLASSES = ("foltr_async.", "protocols.", "numpy.")
+_GETATTR_CLASSES = {(c.__module__, c.__qualname__): c for c, _ in _GETATTR}
 
 
 class _Pickler(pickle.Pickler):
@@ -158,20 +254,91 @@ class _Pickler(pickle.Pickler):
 _FRESH_BY_TYPE = {kind: make.__name__ for kind, make in _FRESH.items()}
 
 
-class _Unpickler(pickle.Unpickler):
+def _refuse(what: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint data names {what}, which a checkpoint may not load")
+
+
+class _SafeUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler with every way a pickle can call something checked.
+
+    ``find_class`` gives out a project class (a class defined in an already imported
+    ``foltr_async`` or ``protocols`` module; importing would run the module), a numpy class, or
+    a callable of ``_CALLS``; REDUCE calls only ``_CALLS`` entries whose check accepts the
+    arguments; NEWOBJ builds only classes given out (``cls.__new__``: no constructor runs);
+    INST, OBJ (protocol 0/1 constructor calls) and NEWOBJ_EX (keyword arguments to
+    ``__new__``; never written here) are refused.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
     def __init__(self, fh, shared: Mapping[str, Any]) -> None:
         super().__init__(fh)
         self._shared = shared
+        self._classes: set[type] = set()
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name == "getattr":
+            return getattr  # REDUCE allows it for the ``_GETATTR`` pairs only
+        known = _GLOBALS.get((module, name)) or _GETATTR_CLASSES.get((module, name))
+        if known is not None:
+            return known
+        obj = getattr(sys.modules.get(module), name, None) if "." not in name else None
+        if isinstance(obj, type) and obj.__module__ == module and module.startswith(_CLASSES):
+            self._classes.add(obj)
+            return obj
+        raise _refuse(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        kind, name = pid
+        kind, name = pid if isinstance(pid, tuple) and len(pid) == 2 else (None, None)
         if kind == "shared":
             if name not in self._shared:
                 raise CheckpointError(f"checkpoint refers to {name!r}, which this run lacks")
             return self._shared[name]
         if kind == "fresh":
-            return {make.__name__: make for make in _FRESH.values()}[name]()
-        return None
+            fresh = {make.__name__: make for make in _FRESH.values()}
+            if name not in fresh:
+                raise _refuse(f"a fresh {name!r}")
+            return fresh[name]()
+        if kind == "none":
+            return None
+        raise _refuse(f"the reference {pid!r}")
+
+    def _load_reduce(self) -> None:
+        args = self.stack.pop()
+        func = self.stack[-1]
+        if func is getattr:
+            ok = len(args) == 2 and (args[0], args[1]) in _GETATTR
+        else:
+            check = _CALLS.get(func) if _hashable(func) else None
+            ok = check is not None and isinstance(args, tuple) and check(args)
+        if not ok:
+            name = getattr(func, "__qualname__", type(func).__name__)
+            raise _refuse(f"a call of {name} with {len(args)} arguments")
+        self.stack[-1] = func(*args)
+
+    def _load_newobj(self) -> None:
+        args = self.stack.pop()
+        cls = self.stack[-1]
+        if cls not in self._classes or not isinstance(args, tuple):
+            raise _refuse(f"an object of {cls!r}")
+        self.stack[-1] = cls.__new__(cls, *args)
+
+    def _refused_opcode(self) -> None:
+        raise _refuse("a constructor call (INST, OBJ or NEWOBJ_EX)")
+
+    dispatch[pickle.REDUCE[0]] = _load_reduce
+    dispatch[pickle.NEWOBJ[0]] = _load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = _refused_opcode
+    dispatch[pickle.INST[0]] = _refused_opcode
+    dispatch[pickle.OBJ[0]] = _refused_opcode
+
+
+def _hashable(obj: Any) -> bool:
+    try:
+        hash(obj)
+    except TypeError:
+        return False
+    return True
 
 
 def capture(obj: Any, shared: Mapping[str, Any], skip: Iterable[str] = ()) -> bytes:
@@ -197,8 +364,14 @@ def dumps(value: Any, shared: Mapping[str, Any]) -> bytes:
 
 
 def loads(data: bytes, shared: Mapping[str, Any]) -> Any:
-    """Inverse of ``dumps`` against a fresh run's ``shared`` map."""
-    return _Unpickler(io.BytesIO(data), shared).load()
+    """Inverse of ``dumps`` against a fresh run's ``shared`` map; data that names anything a
+    checkpoint may not load, or is no pickle, raises CheckpointError (nothing runs)."""
+    try:
+        return _SafeUnpickler(io.BytesIO(data), shared).load()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"unreadable checkpoint data ({type(e).__name__}: {e})") from None
 
 
 def restore(obj: Any, data: bytes, shared: Mapping[str, Any]) -> None:
@@ -232,8 +405,12 @@ def read_checkpoint(path: Path) -> Any:
     """The value ``write_atomic`` stored (a CheckpointError names the file when unreadable)."""
     try:
         with open(path, "rb") as fh:
-            return pickle.load(fh)
+            data = fh.read()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no checkpoint here") from None
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+    except OSError as e:
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from None
+    try:
+        return loads(data, {})
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
