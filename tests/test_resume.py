@@ -1,6 +1,7 @@
 """Checkpoint and resume on the memory transport: no lost or repeated rounds, same result."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import pickle
@@ -209,3 +210,26 @@ def test_checkpoint_data_that_would_run_code_is_refused_and_nothing_runs(tmp_pat
     with pytest.raises(CheckpointError, match=r"checkpoint\.pkl: .*posix\.system"):
         read_checkpoint(path)
     assert not marker.exists()
+
+
+def test_secure_aggregation_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """SecAgg state (X25519 keys, shares, the run's callbacks) loads through the checked
+    unpickler and the resumed run equals the uninterrupted one."""
+    sc = load_scenario(
+        ROOT / "scenarios" / "secagg_dropout.toml",
+        [
+            "federation.clients=6",
+            "federation.rounds=6",
+            "scenario.repeats=1",
+            "federation.queries_per_client=2",
+        ],  # fmt: skip
+    )
+    sc = dataclasses.replace(
+        sc, reference=None, variants={"secagg-drop30": sc.variants["secagg-drop30"]}
+    )
+    full = run_scenario(sc, tmp_path / "full", Observer())
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(sc, out, StopAt("secagg-drop30", 0, 5), checkpoint_every=2)
+    assert read_checkpoint(out / CHECKPOINT)["current"]["state"]["round"] == 4
+    assert comparable(run_scenario(sc, out, Observer(), resume=True)) == comparable(full)

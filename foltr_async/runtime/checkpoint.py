@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import io
 import os
 import pickle
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from types import NoneType
+from types import FunctionType, NoneType
 from typing import Any
 
 import numpy as np
@@ -264,7 +265,8 @@ class _SafeUnpickler(pickle._Unpickler):
     ``find_class`` gives out a project class (a class defined in an already imported
     ``foltr_async`` or ``protocols`` module; importing would run the module), a numpy class, or
     a callable of ``_CALLS``; REDUCE calls only ``_CALLS`` entries whose check accepts the
-    arguments; NEWOBJ builds only classes given out (``cls.__new__``: no constructor runs);
+    arguments (and ``getattr`` only for a listed classmethod or a plain method of a shared
+    object); NEWOBJ builds only classes given out (``cls.__new__``: no constructor runs);
     INST, OBJ (protocol 0/1 constructor calls) and NEWOBJ_EX (keyword arguments to
     ``__new__``; never written here) are refused.
     """
@@ -307,14 +309,27 @@ class _SafeUnpickler(pickle._Unpickler):
         args = self.stack.pop()
         func = self.stack[-1]
         if func is getattr:
-            ok = len(args) == 2 and (args[0], args[1]) in _GETATTR
+            ok = len(args) == 2 and (
+                (args[0], args[1]) in _GETATTR or self._method_of_shared(*args)
+            )
         else:
             check = _CALLS.get(func) if _hashable(func) else None
             ok = check is not None and isinstance(args, tuple) and check(args)
         if not ok:
+            if func is getattr and len(args) == 2:
+                raise _refuse(f"getattr({type(args[0]).__name__}, {str(args[1])[:40]!r})")
             name = getattr(func, "__qualname__", type(func).__name__)
             raise _refuse(f"a call of {name} with {len(args)} arguments")
         self.stack[-1] = func(*args)
+
+    def _method_of_shared(self, obj: Any, name: Any) -> bool:
+        """A bound method of the run's machinery (e.g. a callback an agent keeps), looked up
+        without running code (a property's getter would)."""
+        return (
+            any(obj is v for v in self._shared.values())
+            and type(name) is str
+            and isinstance(inspect.getattr_static(type(obj), name, None), FunctionType)
+        )
 
     def _load_newobj(self) -> None:
         args = self.stack.pop()
