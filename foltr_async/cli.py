@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_run(argv: list[str], serve: bool = False) -> int:
     args = _run_parser(serve).parse_args(argv)
-    from foltr_async.experiment import run_scenario
+    from foltr_async.experiment import check_scenario, run_scenario
     from foltr_async.observe.console import make_reporter
     from foltr_async.observe.log import configure_logging
     from foltr_async.scenario.load import load_scenario
@@ -176,6 +176,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     zmq = serve or args.transport == "zmq"
     if not zmq and args.workers is not None:
         raise FoltrError("--workers: only with --transport zmq")
+    check_scenario(scenario)  # bad input fails here, before an output folder exists
     out = _out_dir(args, scenario.name)
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
@@ -278,10 +279,12 @@ def _cmd_validate(argv: list[str]) -> int:
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
     args = p.parse_args(argv)
+    from foltr_async.experiment import check_scenario
     from foltr_async.scenario.load import load_scenario
 
     for path in args.scenario:
         sc = load_scenario(path, args.sets)
+        check_scenario(sc)
         print(
             f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"

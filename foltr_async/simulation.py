@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from foltr_async.errors import ScenarioError
+from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, ndcg
 from foltr_async.ltr.queryset import QuerySet
@@ -389,7 +389,10 @@ class Simulation:
 
     def _build(self):
         cfg, fed = self.cfg, self.cfg["federation"]
-        data = load_datasets(cfg)
+        try:
+            data = load_datasets(cfg)
+        except DatasetError as e:  # name the scenario key that pointed at the file
+            raise DatasetError(f"dataset.path: {e}") from None
         entry = REGISTRY.protocols[fed["protocol"]]
         n_mal = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
         self.probe = Probe()
@@ -453,6 +456,8 @@ class Simulation:
                         ctx, proto, g, aid, q, ctx.rng("agent", aid)
                     ),
                 )
+        for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
+            self._resolve(item["agents"], f"timeline[{i}].agents")
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:
@@ -471,18 +476,20 @@ class Simulation:
             self.secure.enrol(agent)  # its secure-aggregation half masks its updates
         self.groups[group].append(agent.id)
 
-    def _resolve(self, names: list[str]) -> list[str]:
+    def _resolve(self, names: list[str], path: str = "timeline") -> list[str]:
+        """Agent ids of group names and ids (every agent of the run, wherever it is built)."""
         out: list[str] = []
+        every = [a for ids in self.groups.values() for a in ids]
         for name in names:
             if name in self.groups:
                 out += self.groups[name]
             elif name == "all":
-                out += [a for ids in self.groups.values() for a in ids]
-            elif name in self.agents:
+                out += every
+            elif name in every:
                 out.append(name)
             else:
                 raise ScenarioError(
-                    f"timeline: unknown agent {name!r}; groups are "
+                    f"{path}: unknown agent {name!r}; groups are "
                     f"{', '.join(self.groups)} or ids like client-0003"
                 )
         return out

@@ -7,6 +7,7 @@ Protocols and agent roles declare their own parameters with these fields, so a m
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ class Field:
     max: float | None = None
     choices: tuple[Any, ...] | None = None
     nullable: bool = False
+    #: accept ``inf`` (e.g. "no noise"); NaN is never a value
+    infinite: bool = False
 
     @property
     def required(self) -> bool:
@@ -43,7 +46,7 @@ class Field:
         text = " or ".join(
             {
                 int: "an integer",
-                float: "a number",
+                float: "a number (inf allowed)" if self.infinite else "a finite number",
                 str: "a string",
                 bool: "true/false",
                 list: "a list",
@@ -66,6 +69,10 @@ class Field:
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
         if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
+        if isinstance(value, float) and not (
+            math.isfinite(value) or (self.infinite and value == math.inf)
+        ):
+            ok = False  # NaN passes every < and > below, and inf loops or overflows a run
         if not ok:
             raise fail(where, path, self.describe(), value)
         if self.choices is not None and value not in self.choices:

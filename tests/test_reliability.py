@@ -1,0 +1,209 @@
+"""Bad input, table by table: each broken scenario or dataset gets one line on stderr naming the
+scenario file, the variant, the key (and the data file's line), exit code 2, no traceback, and
+no output folder; ``validate`` says exactly what the run says."""
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from foltr_async import cli
+from foltr_async.errors import ScenarioError
+from foltr_async.registry import load_plugins
+from foltr_async.runtime.secure import scheme
+from foltr_async.scenario.load import SECTIONS, validate
+
+BASE = """
+[scenario]
+name = "bad"
+[dataset]
+n_queries = 40
+[federation]
+protocol = "fpdgd"
+clients = 3
+rounds = 2
+[variants.ok]
+[variants.v]
+"""
+
+# (what goes into [variants.v], what the one line must say after "FILE [variant v]: ")
+BAD_SCENARIOS = [
+    ("federation.round_gap = inf", "federation.round_gap: expected a finite number >= 0.0"),
+    ("federation.participation = nan", "federation.participation: expected a finite number in"),
+    ("federation.deadline = nan", "federation.deadline: expected a finite number >= 0.0, got nan"),
+    ("federation.deadline = -inf", "federation.deadline: expected a finite number >= 0.0"),
+    ("federation.params.lr = nan", "federation.params.lr: expected a finite number"),
+    ("federation.secagg.threshold = nan", "federation.secagg.threshold: expected a finite number"),
+    ("federation.clients = 0", "federation.clients: expected an integer >= 1, got 0"),
+    ("federation.min_clients = 4", "federation.min_clients: expected at most the 3 clients"),
+    ("network.availability = nan", "network.availability: expected a number in [0.0, 1.0]"),
+    (
+        'agents = [{ behaviour = "scaled_reversal", z = nan }]',
+        "agents[0].z: expected a finite number",
+    ),
+    (
+        'timeline = [{ time = inf, action = "leave", agents = ["clients"] }]',
+        "timeline[0].time: expected a finite number >= 0.0, got inf",
+    ),
+    # what only building the run finds
+    (
+        'timeline = [{ round = 2, action = "leave", agents = ["client-0099"] }]',
+        "timeline[0].agents: unknown agent 'client-0099'",
+    ),
+    ("federation.clients = 100", "federation.clients: 100 clients cannot each own queries"),
+    ('dataset.path = "no/such/fold"', "dataset.path: no/such/fold: dataset file does not exist"),
+    (
+        'federation = { protocol = "foltr_es", params = { metric = "dcg", p = 0.5 } }',
+        "federation.params.p: privatisation needs the discrete metric",
+    ),
+]
+
+
+def bad_scenario(tmp_path: Path, override: str) -> Path:
+    path = tmp_path / "bad.toml"
+    path.write_text(BASE + override + "\n")
+    return path
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_SCENARIOS, ids=[b[0] for b in BAD_SCENARIOS])
+def test_bad_scenario_is_one_line_in_validate_and_run(tmp_path, capsys, override, message):
+    path = bad_scenario(tmp_path, override)
+    line = one_line_error(capsys, ["validate", str(path)])
+    assert line.startswith(f"error: {path} [variant v]: {message}"), line
+    out = tmp_path / "out"
+    assert one_line_error(capsys, [str(path), "--out", str(out), "--quiet"]) == line
+    assert not out.exists()  # rejected before anything was written
+
+
+GOOD_LETOR = "0 qid:1 1:0.5 2:0.1\n1 qid:1 1:0.2 2:0.3\n0 qid:2 1:0.1 2:0.9\n2 qid:2 1:0.4 2:0.2\n"
+
+# (a line appended to train.txt as line 5, what the one line must say after the file's name)
+BAD_LETOR = [
+    ("1 1:0.5 2:0.3", ":5: expected 'qid:<id>' after the label, got '1:0.5'"),
+    ("x qid:3 1:0.5", ":5: expected a relevance grade (integer 0-127) as the first field"),
+    ("-1 qid:3 1:0.5", ":5: expected a relevance grade (integer 0-127) as the first field"),
+    ("1 qid:3 1:nan", ":5: expected a finite number after '1:', got 'nan'"),
+    ("1 qid:3 1:1e400", ":5: expected a finite number after '1:', got '1e400'"),
+    ("1 qid:3 1:abc", ":5: expected a finite number after '1:', got 'abc'"),
+    ("1 qid:3 0:0.5", ":5: expected a feature id (integer 1-100000) before ':'"),
+    ("1 qid:3 1:0.5 1:0.3", ":5: feature id 1 appears twice"),
+    ("1 qid: 1:0.5", ":5: expected 'qid:<id>' after the label, got 'qid:'"),
+    ("1 qid:3 1:0.5\x00", ":5: unexpected control character '\\x00'"),
+]
+
+
+def letor_scenario(tmp_path: Path, train: str, test: str | None = GOOD_LETOR) -> Path:
+    fold = tmp_path / "fold"
+    fold.mkdir()
+    (fold / "train.txt").write_text(train)
+    if test is not None:
+        (fold / "test.txt").write_text(test)
+    path = tmp_path / "data.toml"
+    path.write_text(
+        BASE.replace("[variants.v]", f'[variants.v]\ndataset.path = "{fold.as_posix()}"')
+        + 'federation.data = "shared"\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_LETOR, ids=[b[0] for b in BAD_LETOR])
+def test_bad_letor_line_names_scenario_variant_key_and_data_line(tmp_path, capsys, line, message):
+    path = letor_scenario(tmp_path, GOOD_LETOR + line + "\n")
+    train = (tmp_path / "fold" / "train.txt").as_posix()
+    got = one_line_error(capsys, ["validate", str(path)])
+    assert got.startswith(f"error: {path} [variant v]: dataset.path: {train}{message}"), got
+    out = tmp_path / "out"
+    assert one_line_error(capsys, [str(path), "--out", str(out), "--quiet"]) == got
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("train", "test", "message"),
+    [
+        ("", GOOD_LETOR, "train.txt: no data lines"),
+        (GOOD_LETOR, None, "expected test.txt in the directory"),
+        ("\x11\x02binary", GOOD_LETOR, "train.txt:1: unexpected control character"),
+    ],
+    ids=["empty", "no-test", "binary"],
+)
+def test_bad_letor_files(tmp_path, capsys, train, test, message):
+    path = letor_scenario(tmp_path, train, test)
+    got = one_line_error(capsys, ["validate", str(path)])
+    assert got.startswith(f"error: {path} [variant v]: dataset.path: ") and message in got, got
+
+
+def _number_fields() -> list[tuple[str, str | None, str, bool]]:
+    """(protocol, behaviour, path, inf allowed) for every float field a scenario can set:
+    sections, each protocol's and behaviour's parameters, secure aggregation."""
+    reg = load_plugins()
+    out = [
+        ("fpdgd", None, f"{section}.{key}", f.infinite)
+        for section, fields in SECTIONS.items()
+        for key, f in fields.items()
+        if f.kind is float
+    ]
+    out += [
+        (name, None, f"federation.params.{key}", f.infinite)
+        for name, proto in reg.protocols.items()
+        for key, f in proto.params.items()
+        if f.kind is float
+    ]
+    out += [
+        ("fpdgd", None, f"federation.secagg.{key}", f.infinite)
+        for key, f in scheme().fields.items()
+        if f.kind is float
+    ]
+    out += [
+        (entry.protocols[0], name, f"agents[0].{key}", f.infinite)
+        for name, entry in reg.behaviours.items()
+        for key, f in entry.params.items()
+        if f.kind is float
+    ]
+    return out
+
+
+NUMBER_FIELDS = _number_fields()
+
+
+def test_the_float_fields_reach_every_kind_of_table():
+    paths = {path for _, _, path, _ in NUMBER_FIELDS}
+    assert {
+        "federation.deadline",
+        "federation.params.lr",
+        "federation.params.epsilon",
+        "federation.secagg.threshold",
+        "agents[0].z",
+    } <= paths
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(NUMBER_FIELDS), st.sampled_from([math.nan, math.inf, -math.inf]))
+def test_no_float_field_takes_nan_or_inf(field, value):
+    protocol, behaviour, path, infinite = field
+    raw: dict = {"federation": {"protocol": protocol, "clients": 3}}
+    if behaviour is not None:
+        raw["agents"] = [{"behaviour": behaviour}]
+    *head, key = path.split(".")
+    node = raw
+    for part in head:
+        node = raw["agents"][0] if part == "agents[0]" else node.setdefault(part, {})
+    node[key] = value
+    if infinite and value == math.inf:
+        validate(raw, "s.toml")  # documented: inf means "none" (e.g. no noise)
+        return
+    with pytest.raises(ScenarioError) as err:
+        validate(raw, "s.toml")
+    assert str(err.value).startswith(f"s.toml: {path}: expected ")
+    assert str(err.value).endswith(f"got {value!r}")
