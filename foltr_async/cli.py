@@ -1,8 +1,9 @@
 """Command line: ``python -m foltr_async SCENARIO.toml [...]`` and its helper commands.
 
 Exit codes: 0 success; 1 internal error (traceback saved to error.log in the output folder);
-2 bad input (scenario, dataset, arguments), one line on stderr; 130 interrupted (results written
-so far are kept).
+2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but a variant
+learned nothing (no round took in a client update; results are kept); 130 interrupted (results
+written so far are kept).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from foltr_async.errors import FoltrError
 
+#: exit code of a finished run in which some variant learned nothing
+NOTHING_LEARNED = 3
 COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys")
 
 
@@ -206,6 +209,14 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
+    idle = results.get("nothing_learned")
+    if idle:
+        print(
+            f"error: nothing was learned in {', '.join(idle)}: no client update reached the "
+            f"model in any round (results kept in {out})",
+            file=sys.stderr,
+        )
+        return NOTHING_LEARNED
     return 0
 
 

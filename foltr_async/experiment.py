@@ -102,15 +102,21 @@ class Checkpoints:
 def conclusions(results: dict) -> list[str]:
     """Plain sentences a reader can check against the table."""
     variants = results.get("variants", {})
+    idle = results.get("nothing_learned") or {}
+    lines = [
+        f"Nothing was learned in {name}: in {n} of {len(variants[name]['repeats'])} repeats no "
+        "client update reached the model in any round (its metric is the initial model's)."
+        for name, n in idle.items()
+    ]
     finals = {
         name: v["summary"]["final"][METRIC]["mean"]
         for name, v in variants.items()
-        if v.get("summary", {}).get("final", {}).get(METRIC)
+        if v.get("summary", {}).get("final", {}).get(METRIC) and name not in idle
     }
     if not finals:
-        return []
+        return lines
     best = max(finals, key=finals.get)
-    lines = [f"Highest final {METRIC}: {best} ({finals[best]:.4f})."]
+    lines.append(f"Highest final {METRIC}: {best} ({finals[best]:.4f}).")
     ref = results.get("reference")
     for name, value in finals.items():
         if not name.endswith("-unlearned"):

@@ -289,6 +289,13 @@ def assign_queries(
     return np.array_split(rng.permutation(n_queries), n_clients)
 
 
+def contributions(reports: list[RoundReport]) -> dict[str, Any]:
+    """Clients whose update went into each round's model (0: the round kept the old model,
+    e.g. nobody online or fewer replies than ``min_clients``), every phase in round order."""
+    per_round = [len(r.clients) if r.aggregated else 0 for r in reports]
+    return {"per_round": per_round, "empty_rounds": sum(n == 0 for n in per_round)}
+
+
 class Remote(Protocol):
     """The server side of a multi-process transport (``foltr_async.distributed``).
 
@@ -577,6 +584,14 @@ class Simulation:
                 aggregated=report.aggregated,
                 **report.facts,
             )
+            if not report.aggregated:  # the model did not change: say so where people look
+                self._emit(
+                    "round_empty",
+                    round=report.round,
+                    selected=report.selected,
+                    replied=report.replied,
+                    min_clients=plan.min_clients,
+                )
             stats = self.bus.stats.as_dict()
             self._reports.append(report)
             if report.metrics is not None:
@@ -665,6 +680,7 @@ class Simulation:
             "online": self.probe.online(),
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
+            "contributions": contributions(self._reports),
             "wall_s": time.perf_counter() - wall0,
             "sim_s": loop.time() - sim0,
         }

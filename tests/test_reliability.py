@@ -2,6 +2,7 @@
 scenario file, the variant, the key (and the data file's line), exit code 2, no traceback, and
 no output folder; ``validate`` says exactly what the run says."""
 
+import json
 import math
 from pathlib import Path
 
@@ -207,3 +208,57 @@ def test_no_float_field_takes_nan_or_inf(field, value):
         validate(raw, "s.toml")
     assert str(err.value).startswith(f"s.toml: {path}: expected ")
     assert str(err.value).endswith(f"got {value!r}")
+
+
+# --- runs in which nobody (or not everybody) takes part ------------------------------------
+
+
+def run_cli(capsys, path: Path, out: Path, *sets: str) -> tuple[int, str, dict]:
+    argv = [str(path), "--out", str(out), "--quiet"] + [a for s in sets for a in ("--set", s)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    return code, err, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "network.availability = 0",
+        "federation.deadline = 0",
+        # one of the 3 clients leaves before round 1: never min_clients replies
+        'federation.min_clients = 3\ntimeline = [{ round = 1, action = "leave", agents = '
+        '["client-0000"] }]',
+    ],
+    ids=["availability-0", "deadline-0", "min-clients-above-the-online-clients"],
+)
+def test_a_run_that_learned_nothing_says_so_and_exits_3(tmp_path, capsys, setting):
+    path = bad_scenario(tmp_path, setting)
+    out = tmp_path / "out"
+    code, err, res = run_cli(capsys, path, out, "federation.rounds=4", "evaluation.every=2")
+    assert code == 3, err
+    assert err.strip().splitlines()[-1].startswith("error: nothing was learned in v: ")
+    assert "Traceback" not in err
+    assert res["complete"] is True and set(res["nothing_learned"]) == {"v"}
+    (rep,) = res["variants"]["v"]["repeats"]
+    assert rep["contributions"] == {"per_round": [0, 0, 0, 0], "empty_rounds": 4}
+    (ok,) = res["variants"]["ok"]["repeats"]
+    assert ok["contributions"]["empty_rounds"] == 0 and all(ok["contributions"]["per_round"])
+    assert res["conclusions"][0].startswith("Nothing was learned in v: in 1 of 1 repeats")
+    assert not any("Highest" in c and ": v (" in c for c in res["conclusions"])
+    md = (out / "summary.md").read_text()
+    assert "nothing was learned in v (1 of 1 repeats)" in md
+    assert "| **4 of 4: nothing learned** |" in md
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "round_empty" and e["variant"] == "v" for e in events) == 4
+
+
+def test_rounds_without_contributions_are_counted_in_a_run_that_learned(tmp_path, capsys):
+    path = bad_scenario(tmp_path, "network.availability = 0.3")
+    code, err, res = run_cli(capsys, path, tmp_path / "out", "federation.rounds=12")
+    assert code == 0, err
+    c = res["variants"]["v"]["repeats"][0]["contributions"]
+    assert 0 < c["empty_rounds"] < 12 and c["empty_rounds"] == c["per_round"].count(0)
+    assert max(c["per_round"]) <= 3
+    assert res["nothing_learned"] == {}
+    summary = res["variants"]["v"]["summary"]["contributions"]
+    assert summary["empty_rounds"]["mean"] == c["empty_rounds"] and summary["learned_nothing"] == 0
