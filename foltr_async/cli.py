@@ -16,6 +16,15 @@ from pathlib import Path
 
 from foltr_async.errors import FoltrError
 
+#: files a run writes into its output folder: --out refuses a folder holding any of them
+RESULT_FILES = (
+    "results.json",
+    "summary.md",
+    "curves.csv",
+    "curves.png",
+    "events.jsonl",
+    "checkpoint.pkl",
+)
 #: exit code of a finished run in which some variant learned nothing
 NOTHING_LEARNED = 3
 COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys")
@@ -35,7 +44,12 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
             "validate SCENARIO, list, dataset make, bench, serve, join, keys.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
-    p.add_argument("--out", type=Path, help="output folder (default results/<name>/<time>/)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder, new or empty (default results/<name>/<time>/, with -2, -3, ... "
+        "when a run started in the same second has it)",
+    )
     p.add_argument("--seed", type=int, help="override scenario.seed")
     _add_set(p, "override a scenario value for every variant, e.g. federation.rounds=50")
     p.add_argument(
@@ -272,9 +286,36 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
                 n += 1
             events.rename(out / f"events.{n}.jsonl")
         return out
-    out = args.out or Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.out is None:
+        return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    held = [n for n in RESULT_FILES if (out / n).exists()]
+    try:  # claim the folder: of two runs started on it at once, one gets it
+        (out / "events.jsonl").open("x").close()
+    except FileExistsError:
+        held = held or ["events.jsonl"]
+    if held:
+        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
+        raise FoltrError(
+            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
+            f"replaced. Give a new or empty folder{hint}"
+        )
     return out
+
+
+def _new_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... if another run (e.g. one started in the same
+    second) has it: a folder is created by exactly one run, so results never mix."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    out, n = base, 1
+    while True:
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
 
 
 class _nullcontext:

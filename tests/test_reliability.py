@@ -262,3 +262,59 @@ def test_rounds_without_contributions_are_counted_in_a_run_that_learned(tmp_path
     assert res["nothing_learned"] == {}
     summary = res["variants"]["v"]["summary"]["contributions"]
     assert summary["empty_rounds"]["mean"] == c["empty_rounds"] and summary["learned_nothing"] == 0
+
+
+# --- output folders -----------------------------------------------------------------------
+
+
+class _SameSecond:
+    """``datetime`` for the CLI whose ``now()`` is always the same second."""
+
+    @staticmethod
+    def now():
+        from datetime import datetime
+
+        return datetime(2026, 1, 2, 3, 4, 5)
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "datetime", _SameSecond)
+    path = bad_scenario(tmp_path, "")
+    for seed in (1, 2):
+        assert cli.main([str(path), "--quiet", "--seed", str(seed), "--only", "v"]) == 0
+    capsys.readouterr()
+    folders = sorted(p.name for p in (tmp_path / "results" / "bad").iterdir())
+    assert folders == ["20260102-030405", "20260102-030405-2"]
+    got = [
+        json.loads((tmp_path / "results" / "bad" / f / "results.json").read_text())["seed"]
+        for f in folders
+    ]
+    assert got == [1, 2]  # neither run overwrote the other
+
+
+def test_out_refuses_a_folder_that_holds_results_and_keeps_them(tmp_path, capsys):
+    path = bad_scenario(tmp_path, "")
+    out = tmp_path / "out"
+    assert cli.main([str(path), "--quiet", "--out", str(out), "--only", "v"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    line = one_line_error(capsys, [str(path), "--quiet", "--out", str(out), "--seed", "5"])
+    assert line.startswith(f"error: --out {out}: already holds a run's results (results.json")
+    assert "nothing was replaced" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_out_accepts_an_empty_folder_and_one_claim_wins(tmp_path, capsys):
+    path = bad_scenario(tmp_path, "")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main([str(path), "--quiet", "--out", str(empty), "--only", "v"]) == 0
+    assert (empty / "results.json").exists()
+    claimed = tmp_path / "claimed"  # another run has just claimed it (its log exists)
+    claimed.mkdir()
+    (claimed / "events.jsonl").write_text("")
+    capsys.readouterr()
+    line = one_line_error(capsys, [str(path), "--quiet", "--out", str(claimed)])
+    assert "(events.jsonl)" in line
+    assert list(claimed.iterdir()) == [claimed / "events.jsonl"]
