@@ -48,6 +48,11 @@ BAD_SCENARIOS = [
         'timeline = [{ time = inf, action = "leave", agents = ["clients"] }]',
         "timeline[0].time: expected a finite number >= 0.0, got inf",
     ),
+    (
+        "federation.partition.pbm_eta = [1.0, nan]",
+        "federation.partition.pbm_eta[1]: expected a finite number >= 0.0, got nan",
+    ),
+    ('ranker = { kind = "mlp", hidden = [64, 0] }', "ranker.hidden[1]: expected an integer >= 1"),
     # what only building the run finds
     (
         'timeline = [{ round = 2, action = "leave", agents = ["client-0099"] }]',

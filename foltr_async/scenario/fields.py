@@ -34,12 +34,16 @@ class Field:
     nullable: bool = False
     #: accept ``inf`` (e.g. "no noise"); NaN is never a value
     infinite: bool = False
+    #: a list's elements, each checked as ``path[i]``
+    items: Field | None = None
 
     @property
     def required(self) -> bool:
         return self.default is _REQUIRED
 
     def describe(self) -> str:
+        if self.items is not None:
+            return f"a list, each {self.items.describe()}"
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         names = self.kind if isinstance(self.kind, tuple) else (self.kind,)
@@ -75,6 +79,8 @@ class Field:
             ok = False  # NaN passes every < and > below, and inf loops or overflows a run
         if not ok:
             raise fail(where, path, self.describe(), value)
+        if self.items is not None:
+            return [self.items.check(v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         if self.choices is not None and value not in self.choices:
             hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""

@@ -38,7 +38,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
     },
     "ranker": {
         "kind": Field(str, "linear", "ranker family", choices=("linear", "mlp")),
-        "hidden": Field(list, [64], "MLP hidden layer sizes"),
+        "hidden": Field(list, [64], "MLP hidden layer sizes", items=Field(int, min=1)),
     },
     "clicks": {
         "model": Field(
@@ -220,8 +220,6 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         )
     _secure_aggregation(fed, where, registry)
     _partition(fed, where, proto)
-    if not all(isinstance(h, int) and h > 0 for h in cfg["ranker"]["hidden"]):
-        raise fail(where, "ranker.hidden", "a list of positive integers", cfg["ranker"]["hidden"])
     cfg["agents"] = [
         _agent_group(g, i, fed["protocol"], where, registry)
         for i, g in enumerate(_list(raw.get("agents", []), where, "agents"))
