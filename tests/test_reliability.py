@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foltr_async import cli
-from foltr_async.errors import ScenarioError
+from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.experiment import check_scenario
 from foltr_async.registry import load_plugins
 from foltr_async.runtime.secure import scheme
-from foltr_async.scenario.load import SECTIONS, validate
+from foltr_async.scenario.load import SECTIONS, load_scenario, validate
 
 BASE = """
 [scenario]
@@ -323,3 +324,67 @@ def test_out_accepts_an_empty_folder_and_one_claim_wins(tmp_path, capsys):
     line = one_line_error(capsys, [str(path), "--quiet", "--out", str(claimed)])
     assert "(events.jsonl)" in line
     assert list(claimed.iterdir()) == [claimed / "events.jsonl"]
+
+
+# --- any value, any key: a one-line error or a config of finite numbers ----------------------
+
+_TOML_VALUES = st.recursive(
+    st.one_of(
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_KEYS = [(section, key) for section, fields in SECTIONS.items() for key in fields]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_KEYS), _TOML_VALUES)
+def test_any_value_for_any_key_is_a_finite_config_or_one_line_error(key, value):
+    section, name = key
+    raw: dict = {"federation": {"protocol": "fpdgd"}}
+    raw.setdefault(section, {})[name] = value
+    try:
+        cfg = validate(raw, "s.toml")
+    except ScenarioError as e:
+        text = str(e)
+        assert text.startswith("s.toml: ") and "\n" not in text
+    else:
+        assert all(math.isfinite(x) for x in _floats(cfg)), cfg[section][name]
+
+
+def _floats(obj):
+    if isinstance(obj, float):
+        yield obj
+    elif isinstance(obj, dict | list):
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            yield from _floats(v)
+
+
+_LINE = st.lists(
+    st.sampled_from(
+        ["0", "3", "12", " ", "\t", "qid:", "7", ":", ".", "-", "e", "#"]
+        + ["nan", "inf", "\x00", "\x7f", "é", "1:0.5", "qid:9"]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(line=_LINE)
+def test_any_appended_letor_line_is_data_or_one_line_naming_the_line(tmp_path_factory, line):
+    """What ``validate`` and a run print is ``error: `` and this exception's text: only a
+    FoltrError may come out, naming scenario, variant, key and the data file's line."""
+    tmp_path = tmp_path_factory.mktemp("letor")
+    path = letor_scenario(tmp_path, GOOD_LETOR + line + "\n")
+    try:
+        check_scenario(load_scenario(path))
+    except FoltrError as e:
+        train = (tmp_path / "fold" / "train.txt").as_posix()
+        assert str(e).startswith(f"{path} [variant v]: dataset.path: {train}:5: "), str(e)
+        assert "\n" not in str(e)
