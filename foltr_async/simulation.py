@@ -465,6 +465,11 @@ class Simulation:
                 )
         for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
             self._resolve(item["agents"], f"timeline[{i}].agents")
+            if item["action"] == "unlearn" and not proto.unlearns:
+                raise ScenarioError(
+                    f"timeline[{i}].action: protocol {fed['protocol']!r} does not support "
+                    "unlearning"
+                )
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:
@@ -806,6 +811,8 @@ class ProtocolRun(ABC):
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /
     #: ``users_click_model``), so ``[federation.partition]`` can apply.
     partitions: bool = False
+    #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
+    unlearns: bool = False
 
     @abstractmethod
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:

@@ -60,6 +60,11 @@ BAD_SCENARIOS = [
         "timeline[0].agents: unknown agent 'client-0099'",
     ),
     ("federation.clients = 100", "federation.clients: 100 clients cannot each own queries"),
+    (
+        'federation.protocol = "foltr_es"\n'
+        'timeline = [{ round = 2, action = "unlearn", agents = ["client-0001"] }]',
+        "timeline[0].action: protocol 'foltr_es' does not support unlearning",
+    ),
     ('dataset.path = "no/such/fold"', "dataset.path: no/such/fold: dataset file does not exist"),
     (
         'federation = { protocol = "foltr_es", params = { metric = "dcg", p = 0.5 } }',
