@@ -293,7 +293,7 @@ def test_rounds_after_training_are_shaded_and_named_in_the_figure(tmp_path):
     ax = Figure().add_subplot(1, 1, 1)
     ax.plot([10, 22], [0.3, 0.4])
     plots._mark_after_training(ax, res, ["9H-1M-unlearned", "10H-0M"])
-    assert [t.get_text() for t in ax.texts] == [" unlearning calibration →"]
+    assert [t.get_text() for t in ax.texts] == ["unlearning calibration → "]
     assert ax.lines[-1].get_xdata()[0] == 20  # the dotted line where training ended
     res["variants"]["9H-1M-unlearned"]["summary"]["curve"]["rounds"] = [10, 20]
     ax = Figure().add_subplot(1, 1, 1)

@@ -24,16 +24,24 @@ def _mark_after_training(ax, results: dict, names: list[str]) -> None:
     unlearning calibration continues the round numbers), so they do not read as training."""
     planned = (results.get("planned") or {}).get("rounds") or {}
     variants = results.get("variants", {})
-    ends = {}
+    ends, last = {}, 0
     for name in names:
-        last = max(variants[name]["summary"]["curve"]["rounds"])
-        if planned.get(name) and last > planned[name]:
+        mine = max(variants[name]["summary"]["curve"]["rounds"])
+        last = max(last, mine)
+        if planned.get(name) and mine > planned[name]:
             calib = any("unlearning" in rep for rep in variants[name].get("repeats", []))
             ends[planned[name]] = "unlearning calibration" if calib else "after training"
     for end, text in sorted(ends.items()):
         ax.axvline(end, color="0.4", ls=":", lw=1)
-        ax.axvspan(end, ax.get_xlim()[1], color="0.5", alpha=0.08, lw=0)
-        ax.text(end, 0.02, f" {text} →", transform=ax.get_xaxis_transform(), fontsize="small")
+        ax.axvspan(end, last, color="0.5", alpha=0.08, lw=0)
+        ax.text(  # left of the line: a short later phase leaves little room on its right
+            end,
+            0.02,
+            f"{text} → ",
+            ha="right",
+            transform=ax.get_xaxis_transform(),
+            fontsize="small",
+        )
 
 
 def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path:
