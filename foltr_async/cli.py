@@ -1,8 +1,9 @@
 """Command line: ``python -m foltr_async SCENARIO.toml [...]`` and its helper commands.
 
 Exit codes: 0 success; 1 internal error (traceback saved to error.log in the output folder);
-2 bad input (scenario, dataset, arguments), one line on stderr; 130 interrupted (results written
-so far are kept).
+2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but a variant
+learned nothing (no round took in a client update; results are kept); 130 interrupted (results
+written so far are kept).
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ from pathlib import Path
 
 from foltr_async.errors import FoltrError
 
+#: files a run writes into its output folder: --out refuses a folder holding any of them
+RESULT_FILES = (
+    "results.json",
+    "summary.md",
+    "curves.csv",
+    "curves.png",
+    "events.jsonl",
+    "checkpoint.pkl",
+)
+#: exit code of a finished run in which some variant learned nothing
+NOTHING_LEARNED = 3
 COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys")
 
 
@@ -32,7 +44,12 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
             "validate SCENARIO, list, dataset make, bench, serve, join, keys.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
-    p.add_argument("--out", type=Path, help="output folder (default results/<name>/<time>/)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder, new or empty (default results/<name>/<time>/, with -2, -3, ... "
+        "when a run started in the same second has it)",
+    )
     p.add_argument("--seed", type=int, help="override scenario.seed")
     _add_set(p, "override a scenario value for every variant, e.g. federation.rounds=50")
     p.add_argument(
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_run(argv: list[str], serve: bool = False) -> int:
     args = _run_parser(serve).parse_args(argv)
-    from foltr_async.experiment import run_scenario
+    from foltr_async.experiment import check_scenario, run_scenario
     from foltr_async.observe.console import make_reporter
     from foltr_async.observe.log import configure_logging
     from foltr_async.scenario.load import load_scenario
@@ -176,6 +193,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     zmq = serve or args.transport == "zmq"
     if not zmq and args.workers is not None:
         raise FoltrError("--workers: only with --transport zmq")
+    check_scenario(scenario)  # bad input fails here, before an output folder exists
     out = _out_dir(args, scenario.name)
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
@@ -205,6 +223,14 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
+    idle = results.get("nothing_learned")
+    if idle:
+        print(
+            f"error: nothing was learned in {', '.join(idle)}: no client update reached the "
+            f"model in any round (results kept in {out})",
+            file=sys.stderr,
+        )
+        return NOTHING_LEARNED
     return 0
 
 
@@ -260,9 +286,36 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
                 n += 1
             events.rename(out / f"events.{n}.jsonl")
         return out
-    out = args.out or Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.out is None:
+        return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    held = [n for n in RESULT_FILES if (out / n).exists()]
+    try:  # claim the folder: of two runs started on it at once, one gets it
+        (out / "events.jsonl").open("x").close()
+    except FileExistsError:
+        held = held or ["events.jsonl"]
+    if held:
+        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
+        raise FoltrError(
+            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
+            f"replaced. Give a new or empty folder{hint}"
+        )
     return out
+
+
+def _new_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... if another run (e.g. one started in the same
+    second) has it: a folder is created by exactly one run, so results never mix."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    out, n = base, 1
+    while True:
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
 
 
 class _nullcontext:
@@ -278,10 +331,12 @@ def _cmd_validate(argv: list[str]) -> int:
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
     args = p.parse_args(argv)
+    from foltr_async.experiment import check_scenario
     from foltr_async.scenario.load import load_scenario
 
     for path in args.scenario:
         sc = load_scenario(path, args.sets)
+        check_scenario(sc)
         print(
             f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"

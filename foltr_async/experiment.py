@@ -15,12 +15,15 @@ import asyncio
 import hashlib
 import json
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import structlog
 
+from foltr_async.errors import FoltrError
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter
@@ -99,15 +102,21 @@ class Checkpoints:
 def conclusions(results: dict) -> list[str]:
     """Plain sentences a reader can check against the table."""
     variants = results.get("variants", {})
+    idle = results.get("nothing_learned") or {}
+    lines = [
+        f"Nothing was learned in {name}: in {n} of {len(variants[name]['repeats'])} repeats no "
+        "client update reached the model in any round (its metric is the initial model's)."
+        for name, n in idle.items()
+    ]
     finals = {
         name: v["summary"]["final"][METRIC]["mean"]
         for name, v in variants.items()
-        if v.get("summary", {}).get("final", {}).get(METRIC)
+        if v.get("summary", {}).get("final", {}).get(METRIC) and name not in idle
     }
     if not finals:
-        return []
+        return lines
     best = max(finals, key=finals.get)
-    lines = [f"Highest final {METRIC}: {best} ({finals[best]:.4f})."]
+    lines.append(f"Highest final {METRIC}: {best} ({finals[best]:.4f}).")
     ref = results.get("reference")
     for name, value in finals.items():
         if not name.endswith("-unlearned"):
@@ -154,6 +163,33 @@ def _paired(variants: dict, a: str, b: str) -> tuple[float | None, float | None]
     fa, fb = finals(a), finals(b)
     seeds = sorted(set(fa) & set(fb))
     return paired_test([fa[s] for s in seeds], [fb[s] for s in seeds])
+
+
+def check_scenario(scenario: Scenario) -> None:
+    """Build every variant as a run would, without its honest clients or any round: what the
+    run would reject at its start (a missing or broken dataset, more clients than queries, an
+    unknown timeline agent, a protocol's own checks) fails here, as one line naming the file
+    and the variant. ``validate`` and the CLI's run call it before anything is written."""
+    for name, cfg in scenario.variants.items():
+        with located(scenario, name):
+            Simulation(cfg, scenario.seed, Observer(), name, hosts=_no_clients).build()
+
+
+def _no_clients(agent_id: str, group: str) -> bool:
+    return group != "clients"  # honest clients are many and their checks are the config's
+
+
+@contextmanager
+def located(scenario: Scenario, variant: str) -> Iterator[None]:
+    """Prefix a one-line error raised for ``variant`` with its file and variant name."""
+    try:
+        yield
+    except FoltrError as e:
+        where = scenario.where(variant)
+        if str(e).startswith(where):
+            raise
+        e.args = (f"{where}: {e}",)
+        raise
 
 
 def run_scenario(
@@ -241,7 +277,10 @@ def _run_scenario(
             ck = checkpoints.run(name, rep)
             sim = Simulation(cfg, seed, observers, name, rep, checkpoint=ck)
             start = ck.state["now"] if ck is not None and ck.state is not None else 0.0
-            with asyncio.Runner(loop_factory=lambda t=start: VirtualTimeLoop(t)) as runner:
+            with (
+                located(scenario, name),
+                asyncio.Runner(loop_factory=lambda t=start: VirtualTimeLoop(t)) as runner,
+            ):
                 finish(name, rep, runner.run(sim.run()))
     else:
 
@@ -283,7 +322,8 @@ def _run_scenario(
                         remote=remote,
                         checkpoint=checkpoints.run(name, rep),
                     )
-                    finish(name, rep, await sim.run())
+                    with located(scenario, name):
+                        finish(name, rep, await sim.run())
             finally:
                 await remote.close()
 

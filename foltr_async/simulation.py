@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from foltr_async.errors import ScenarioError
+from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, ndcg
 from foltr_async.ltr.queryset import QuerySet
@@ -289,6 +289,13 @@ def assign_queries(
     return np.array_split(rng.permutation(n_queries), n_clients)
 
 
+def contributions(reports: list[RoundReport]) -> dict[str, Any]:
+    """Clients whose update went into each round's model (0: the round kept the old model,
+    e.g. nobody online or fewer replies than ``min_clients``), every phase in round order."""
+    per_round = [len(r.clients) if r.aggregated else 0 for r in reports]
+    return {"per_round": per_round, "empty_rounds": sum(n == 0 for n in per_round)}
+
+
 class Remote(Protocol):
     """The server side of a multi-process transport (``foltr_async.distributed``).
 
@@ -389,7 +396,10 @@ class Simulation:
 
     def _build(self):
         cfg, fed = self.cfg, self.cfg["federation"]
-        data = load_datasets(cfg)
+        try:
+            data = load_datasets(cfg)
+        except DatasetError as e:  # name the scenario key that pointed at the file
+            raise DatasetError(f"dataset.path: {e}") from None
         entry = REGISTRY.protocols[fed["protocol"]]
         n_mal = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
         self.probe = Probe()
@@ -453,6 +463,13 @@ class Simulation:
                         ctx, proto, g, aid, q, ctx.rng("agent", aid)
                     ),
                 )
+        for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
+            self._resolve(item["agents"], f"timeline[{i}].agents")
+            if item["action"] == "unlearn" and not proto.unlearns:
+                raise ScenarioError(
+                    f"timeline[{i}].action: protocol {fed['protocol']!r} does not support "
+                    "unlearning"
+                )
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:
@@ -471,18 +488,20 @@ class Simulation:
             self.secure.enrol(agent)  # its secure-aggregation half masks its updates
         self.groups[group].append(agent.id)
 
-    def _resolve(self, names: list[str]) -> list[str]:
+    def _resolve(self, names: list[str], path: str = "timeline") -> list[str]:
+        """Agent ids of group names and ids (every agent of the run, wherever it is built)."""
         out: list[str] = []
+        every = [a for ids in self.groups.values() for a in ids]
         for name in names:
             if name in self.groups:
                 out += self.groups[name]
             elif name == "all":
-                out += [a for ids in self.groups.values() for a in ids]
-            elif name in self.agents:
+                out += every
+            elif name in every:
                 out.append(name)
             else:
                 raise ScenarioError(
-                    f"timeline: unknown agent {name!r}; groups are "
+                    f"{path}: unknown agent {name!r}; groups are "
                     f"{', '.join(self.groups)} or ids like client-0003"
                 )
         return out
@@ -570,6 +589,14 @@ class Simulation:
                 aggregated=report.aggregated,
                 **report.facts,
             )
+            if not report.aggregated:  # the model did not change: say so where people look
+                self._emit(
+                    "round_empty",
+                    round=report.round,
+                    selected=report.selected,
+                    replied=report.replied,
+                    min_clients=plan.min_clients,
+                )
             stats = self.bus.stats.as_dict()
             self._reports.append(report)
             if report.metrics is not None:
@@ -658,6 +685,7 @@ class Simulation:
             "online": self.probe.online(),
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
+            "contributions": contributions(self._reports),
             "wall_s": time.perf_counter() - wall0,
             "sim_s": loop.time() - sim0,
         }
@@ -783,6 +811,8 @@ class ProtocolRun(ABC):
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /
     #: ``users_click_model``), so ``[federation.partition]`` can apply.
     partitions: bool = False
+    #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
+    unlearns: bool = False
 
     @abstractmethod
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:

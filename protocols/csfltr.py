@@ -215,7 +215,9 @@ PARAMS = {
     "z": Field(int, 30, "sketch rows (hash functions)", min=1, max=52),
     "z1": Field(int, 10, "rows hashing the real term (private to the querier)", min=1),
     "k": Field(int, 150, "reverse top-K size K", min=1),
-    "epsilon": Field(float, 0.5, "Laplace(1/epsilon) noise per answer (inf: none)", min=1e-6),
+    "epsilon": Field(
+        float, 0.5, "Laplace(1/epsilon) noise per answer (inf: none)", min=1e-6, infinite=True
+    ),
     "decoys": Field(
         str,
         "matched",

@@ -333,6 +333,7 @@ class FPDGD(ProtocolRun):
     ends (the request may come at any round; the leaver stops participating at once)."""
 
     partitions = True  # clients read their own data, users and batch from the run context
+    unlearns = True
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx

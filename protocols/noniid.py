@@ -99,8 +99,15 @@ PARTITION_FIELDS = {
         int, 0, "type 2: relevance grades (#R) of each client's documents; 0 = all", min=0
     ),
     "click_models": Field(list, [], "type 3: cascade click models spread over the clients"),
-    "pbm_eta": Field(list, [], "type 3: PBM examination exponents spread over the clients"),
-    "queries_per_round": Field(list, [], "type 4: queries per round spread over the clients"),
+    "pbm_eta": Field(
+        list,
+        [],
+        "type 3: PBM examination exponents spread over the clients",
+        items=Field(float, min=0.0),
+    ),
+    "queries_per_round": Field(
+        list, [], "type 4: queries per round spread over the clients", items=Field(int, min=1)
+    ),
     "assign": Field(
         str, "cycle", "values to clients in turn (cycle) or at random", choices=("cycle", "random")
     ),
@@ -187,23 +194,9 @@ def _click_models(spec: dict, n_grades: int) -> list:
                 f"{name!r}; use pbm_eta for position-based users"
             )
         models.append(cascade(name, n_grades))
-    for i, eta in enumerate(spec["pbm_eta"]):
-        if isinstance(eta, bool) or not isinstance(eta, (int, float)) or eta < 0:
-            raise ScenarioError(
-                f"federation.partition.pbm_eta[{i}]: expected a number >= 0, got {eta!r}"
-            )
-        models.append(make_click_model("pbm", n_grades, gamma_user=float(eta)))
+    for eta in spec["pbm_eta"]:
+        models.append(make_click_model("pbm", n_grades, gamma_user=eta))
     return models
-
-
-def _quantities(spec: dict) -> list[int]:
-    out = spec["queries_per_round"]
-    for i, b in enumerate(out):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ScenarioError(
-                f"federation.partition.queries_per_round[{i}]: expected an integer >= 1, got {b!r}"
-            )
-    return out
 
 
 def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -> Partition:
@@ -279,7 +272,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     models = _click_models(spec, n_grades)
     model_slot = None if not models or iid else _slots(n_clients, len(models), how, rng)
     mixture = MixtureClickModel(tuple(models)) if models else None
-    sizes = _quantities(spec)
+    sizes = spec["queries_per_round"]
     size_slot = None if not sizes or iid else _slots(n_clients, len(sizes), how, rng)
     iid_batch = int(round(float(np.mean(sizes)))) if sizes and iid else None
 

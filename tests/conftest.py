@@ -23,9 +23,15 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 MQ2008 = SHARED / "data" / "mq2008-sample"
 
 
+def shared_data(path: Path) -> Path:
+    """``path`` if the shared real data is there, else skip: a fresh clone has no ``../shared``
+    (CI has it), and its other tests must still run."""
+    if not (path / "train.txt").exists():
+        pytest.skip(f"real data not found at {path} (the shared data folder beside the project)")
+    return path
+
+
 @pytest.fixture(scope="session")
 def mq2008_dir() -> Path:
     """The real MQ2008 sample that lives beside the project (never copied into it)."""
-    if not (MQ2008 / "train.txt").exists():
-        pytest.fail(f"MQ2008 sample not found at ../shared/data/mq2008-sample (looked in {MQ2008})")
-    return MQ2008
+    return shared_data(MQ2008)

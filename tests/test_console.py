@@ -288,3 +288,43 @@ def test_live_console_progress_lines_go_to_the_file_not_the_screen(tmp_path):
     events = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["run_started", "round", "round", "repeat_done"]
     assert err.getvalue() == ""
+
+
+def test_rounds_after_training_do_not_push_progress_past_100_percent():
+    live = LiveConsole(Console(file=io.StringIO()))
+    live.start = lambda: None
+    info = {**INFO, "variants": ["9H-1M"], "repeats": 1, "rounds": {"9H-1M": 40}}
+    live.run_started(info)
+    live.repeat_started("9H-1M", 0, 1)
+    for r in range(1, 45):  # 40 training rounds, then 4 of unlearning calibration
+        live.round_done("9H-1M", 0, r, metrics=None, messages=MESSAGES, sim_time=1.0 * r)
+    screen = render(live)
+    assert "40/40 rounds 100%" in screen
+    assert "round 40/40 + 4 after training" in screen
+
+
+def test_empty_rounds_show_on_the_current_line():
+    live = LiveConsole(Console(file=io.StringIO()))
+    live.start = lambda: None
+    feed(live, rounds=3)
+    assert "empty rounds" not in render(live)
+    live.event("round_empty", variant="9H-1M", repeat=1, round=4, selected=5, replied=0)
+    live.event("round_empty", variant="9H-1M", repeat=1, round=5, selected=5, replied=0)
+    assert "empty rounds 2" in render(live)
+
+
+def test_final_column_fits_an_80_column_terminal():
+    live = LiveConsole(Console(file=io.StringIO()))
+    live.start = lambda: None
+    info = {**INFO, "variants": ["9H-1M-unlearned", "10H-0M"]}
+    live.run_started(info)
+    live.repeat_started("9H-1M-unlearned", 4, 1)
+    for r in range(1, 200):
+        metrics = {"ndcg@10": 0.3 + 0.001 * r} if r % 5 == 0 else None
+        live.round_done("9H-1M-unlearned", 4, r, metrics=metrics, messages=MESSAGES, sim_time=r)
+    live.repeat_done("9H-1M-unlearned", 4, {"offline": {"ndcg@10": [0.41234]}})
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False, color_system=None).print(live._render())
+    row = next(ln for ln in out.getvalue().splitlines() if ln.startswith("│ 9H-1M-unlearned "))
+    assert "0.4123 ± 0.0000 (1)" in row and "…" not in row
+    assert re.search(r"[▁▂▃▄▅▆▇█]{4,}", row)  # a shorter curve, still there

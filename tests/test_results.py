@@ -256,3 +256,62 @@ def test_a_library_run_logs_to_its_events_file_not_stdout(tmp_path, mq2008_dir, 
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "aggregation" and e["level"] == "debug" for e in events)
     assert not structlog.is_configured()  # the caller's logging is left as it was
+
+
+def test_summary_names_the_dataset_of_each_variant(tmp_path):
+    cfg = {
+        "a": {
+            "scenario": {"seed": 4},
+            "dataset": {"path": None, "profile": "mslr-like", "seed": None, "n_queries": 200},
+        },
+        "b": {"scenario": {"seed": 4}, "dataset": {"path": "MQ2008/Fold1", "normalise": True}},
+    }
+    w = ResultsWriter(tmp_path, scenario="s", seed=4, config=cfg, reference="a")
+    w.run_started(info(("a", "b")))
+    md = w.md_path.read_text()
+    assert "Dataset: a: synthetic mslr-like (seed 4, 200 queries)." in md
+    assert "Dataset: b: MQ2008/Fold1 (query-normalised)." in md
+    cfg["b"] = cfg["a"]
+    w.write(plot=False)
+    assert w.md_path.read_text().count("Dataset: synthetic mslr-like (seed 4, 200 queries).") == 1
+
+
+def test_rounds_after_training_are_shaded_and_named_in_the_figure(tmp_path):
+    from matplotlib.figure import Figure
+
+    rep = {"rounds": [10, 20, 21, 22], "offline": {"ndcg@10": [0.3, 0.4, 0.35, 0.38]}}
+    res = {
+        "planned": {"rounds": {"9H-1M-unlearned": 20, "10H-0M": 20}},
+        "variants": {
+            "9H-1M-unlearned": {
+                "repeats": [{**rep, "unlearning": {"calibration_rounds": 2}}],
+                "summary": {"curve": {"rounds": rep["rounds"]}},
+            },
+            "10H-0M": {"repeats": [], "summary": {"curve": {"rounds": [10, 20]}}},
+        },
+    }
+    ax = Figure().add_subplot(1, 1, 1)
+    ax.plot([10, 22], [0.3, 0.4])
+    plots._mark_after_training(ax, res, ["9H-1M-unlearned", "10H-0M"])
+    assert [t.get_text() for t in ax.texts] == ["unlearning calibration → "]
+    assert ax.lines[-1].get_xdata()[0] == 20  # the dotted line where training ended
+    res["variants"]["9H-1M-unlearned"]["summary"]["curve"]["rounds"] = [10, 20]
+    ax = Figure().add_subplot(1, 1, 1)
+    plots._mark_after_training(ax, res, ["9H-1M-unlearned", "10H-0M"])
+    assert not ax.texts  # nothing after training: no mark
+
+
+def test_conclusions_leave_variants_that_learned_nothing_out_of_the_ranking():
+    from foltr_async.experiment import conclusions
+
+    def variant(final):
+        return {"repeats": [{}], "summary": {"final": {"ndcg@10": {"mean": final, "n": 1}}}}
+
+    res = {"variants": {"idle": variant(0.5), "busy": variant(0.3)}, "nothing_learned": {}}
+    assert conclusions(res) == ["Highest final ndcg@10: idle (0.5000)."]
+    res["nothing_learned"] = {"idle": 1}
+    lines = conclusions(res)
+    assert lines[0].startswith("Nothing was learned in idle: in 1 of 1 repeats")
+    assert lines[1] == "Highest final ndcg@10: busy (0.3000)."
+    res["nothing_learned"] = {"idle": 1, "busy": 1}
+    assert not any(line.startswith("Highest") for line in conclusions(res))

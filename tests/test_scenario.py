@@ -61,7 +61,7 @@ def test_set_overrides_every_variant_and_parses_toml_values(tmp_path):
             ("clients = 4", "clinets = 4"),
             "federation.clinets: unknown key (did you mean 'clients'?)",
         ),
-        (("clients = 4", "clients = -1"), "federation.clients: expected an integer >= 0, got -1"),
+        (("clients = 4", "clients = -1"), "federation.clients: expected an integer >= 1, got -1"),
         (("clients = 4", 'clients = "four"'), "federation.clients: expected an integer"),
         (
             ('protocol = "fpdgd"', 'protocol = "fpgdd"'),

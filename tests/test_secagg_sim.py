@@ -170,7 +170,7 @@ agents = ["client-0003"]""",
         ),
         (
             "[federation.secagg]\nthreshold = 0.3",
-            "federation.secagg.threshold: expected a number in [0.5, 1.0], got 0.3",
+            "federation.secagg.threshold: expected a finite number in [0.5, 1.0], got 0.3",
         ),
     ],
 )

@@ -30,6 +30,7 @@ from foltr_async.observe.observer import Observer
 from foltr_async.observe.stats import summarise
 
 BLOCKS = np.array(list("▁▂▃▄▅▆▇█"))
+SPARK_WIDTH = 24  # the most recent evaluations a curve shows
 _STATE_STYLE = {
     "active": "green",
     "joined": "green",
@@ -108,7 +109,9 @@ class LiveConsole(Observer):
         self._complete: bool | None = None
         # current repeat
         self._cur: dict[str, Any] = {}
-        self._cur_rounds = 0
+        self._cur_rounds = 0  # training rounds (up to the variant's planned rounds)
+        self._cur_after = 0  # rounds of a later phase (e.g. unlearning calibration)
+        self._cur_empty = 0  # rounds that took in no client update
         self._rep_t0 = self._t0
         self._messages: dict = {}
         self._sim_time = 0.0
@@ -159,7 +162,7 @@ class LiveConsole(Observer):
     def repeat_started(self, variant: str, repeat: int, seed: int) -> None:
         with self._lock:
             self._cur = {"variant": variant, "repeat": repeat, "seed": seed, "round": None}
-            self._cur_rounds = 0
+            self._cur_rounds = self._cur_after = self._cur_empty = 0
             self._rep_t0 = time.monotonic()
             self._messages = {}
             self._sim_time = 0.0
@@ -197,7 +200,11 @@ class LiveConsole(Observer):
                 variant, repeat, round, metrics=metrics, messages=messages, sim_time=sim_time
             )
         with self._lock:
-            self._cur_rounds += 1
+            planned = int((self._info.get("rounds") or {}).get(variant, 0))
+            if planned and round > planned:
+                self._cur_after += 1  # progress is of the planned training rounds
+            else:
+                self._cur_rounds += 1
             self._cur["round"] = round
             self._messages = messages
             self._sim_time = sim_time
@@ -210,6 +217,8 @@ class LiveConsole(Observer):
     def event(self, event: str, **fields: Any) -> None:
         with self._lock:
             self._events.append((time.strftime("%H:%M:%S"), event, _fields(fields)))
+            if event == "round_empty":
+                self._cur_empty += 1
 
     def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
         self._plain.repeat_done(variant, repeat, result)
@@ -217,7 +226,7 @@ class LiveConsole(Observer):
         values = (result.get("offline") or {}).get(metric) or []
         with self._lock:
             self._rounds_finished += self._cur_rounds
-            self._cur_rounds = 0
+            self._cur_rounds = self._cur_after = 0
             self._repeats_finished += 1
             if values and values[-1] is not None:
                 self._finals.setdefault(variant, []).append(float(values[-1]))
@@ -277,13 +286,22 @@ class LiveConsole(Observer):
             v = cur["variant"]
             planned = int(rounds.get(v, 0))
             rnd = "-" if cur["round"] is None else str(cur["round"])
+            if self._cur_after:
+                rnd = f"{planned}/{planned} + {self._cur_after} after training"
+            else:
+                rnd += f"/{planned or '?'}"
+            line = Text(
+                f"{v}  repeat {cur['repeat'] + 1}/{repeats} (seed {cur['seed']})  "
+                f"round {rnd}  sim {self._sim_time:.1f}s"
+            )
+            if self._cur_empty:
+                line.append(f"  empty rounds {self._cur_empty}", style="bold red")
             grid.add_row(
                 "current",
                 ProgressBar(
                     total=max(planned, 1), completed=min(self._cur_rounds, planned), width=30
                 ),
-                f"{v}  repeat {cur['repeat'] + 1}/{repeats} (seed {cur['seed']})  "
-                f"round {rnd}/{planned or '?'}  sim {self._sim_time:.1f}s",
+                line,
             )
         return grid
 
@@ -321,6 +339,7 @@ class LiveConsole(Observer):
             return None
         metric = self._info.get("metric", "ndcg@10")
         ref = self._info.get("reference")
+        header = ("variant", f"{metric} latest", "at round", "final (n)", "curve")
         rows = []
         for name in names:
             latest = self._latest.get(name)
@@ -330,12 +349,15 @@ class LiveConsole(Observer):
                     f"{name} (ref)" if name == ref else name,
                     "-" if latest is None else f"{latest[1]:.4f}",
                     "-" if latest is None else str(latest[0]),
-                    sparkline(self._history.get(name, ())),
                     f"{s['mean']:.4f} ± {s['std']:.4f} ({s['n']})" if s["n"] else "-",
                 )
             )
-        header = ("variant", f"{metric} latest", "at round", "curve (this repeat)", "final (n)")
-        return _columns(header, rows, right=(1, 2, 4), styles={3: "cyan"})
+        # the curve takes what the terminal has left (inside the panel), never the numbers
+        used = sum(max(len(r[i]) for r in [header, *rows]) + 2 for i in range(4))
+        width = max(4, min(SPARK_WIDTH, self.console.width - 4 - used))
+        curves = [sparkline(self._history.get(name, ()), width) for name in names]
+        rows = [(*r, c) for r, c in zip(rows, curves, strict=True)]
+        return _columns(header, rows, right=(1, 2, 3), styles={4: "cyan"})
 
     def _agents_table(self) -> Text | None:
         if not self._agents:
@@ -449,6 +471,7 @@ class PlainReporter(Observer):
             seed=result.get("seed"),
             **{self._metric: values[-1] if values else None},
             **(result.get("online") or {}),
+            empty_rounds=(result.get("contributions") or {}).get("empty_rounds"),
             wall_s=result.get("wall_s"),
             sim_s=result.get("sim_s"),
         )

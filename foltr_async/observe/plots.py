@@ -19,6 +19,31 @@ def metric_label(metric: str) -> str:
     return metric.replace("ndcg", "nDCG").replace("maxrr", "MaxRR").replace("err", "ERR")
 
 
+def _mark_after_training(ax, results: dict, names: list[str]) -> None:
+    """Shade the rounds after a variant's planned training rounds (a later phase such as
+    unlearning calibration continues the round numbers), so they do not read as training."""
+    planned = (results.get("planned") or {}).get("rounds") or {}
+    variants = results.get("variants", {})
+    ends, last = {}, 0
+    for name in names:
+        mine = max(variants[name]["summary"]["curve"]["rounds"])
+        last = max(last, mine)
+        if planned.get(name) and mine > planned[name]:
+            calib = any("unlearning" in rep for rep in variants[name].get("repeats", []))
+            ends[planned[name]] = "unlearning calibration" if calib else "after training"
+    for end, text in sorted(ends.items()):
+        ax.axvline(end, color="0.4", ls=":", lw=1)
+        ax.axvspan(end, last, color="0.5", alpha=0.08, lw=0)
+        ax.text(  # left of the line: a short later phase leaves little room on its right
+            end,
+            0.02,
+            f"{text} → ",
+            ha="right",
+            transform=ax.get_xaxis_transform(),
+            fontsize="small",
+        )
+
+
 def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path:
     """Mean line and ±1 std band per variant over evaluated rounds; written atomically.
 
@@ -34,6 +59,7 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
         cur = (entry.get("summary") or {}).get("curve") or {}
         if cur.get("rounds"):
             curves.append((name, len(entry.get("repeats", [])), cur))
+    idle = results.get("nothing_learned") or {}
     many = len(curves) > 4  # legend beside the axes, lighter bands: curves stay readable
     fig = Figure(figsize=(9.5 if many else 7.5, 4.5), dpi=110)
     FigureCanvasAgg(fig)
@@ -49,10 +75,11 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
             marker="o" if rounds.size == 1 else None,
             lw=1.6,
             ms=3,
-            label=f"{name} (n={n_rep})",
+            label=f"{name} (n={n_rep})" + (", nothing learned" if name in idle else ""),
         )
         band = 0.1 if many else 0.18
         ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=band, lw=0)
+    _mark_after_training(ax, results, [name for name, _, _ in curves])
     ax.set_xlabel("round")
     ax.set_ylabel(f"offline {metric_label(metric)}")
     title = results.get("scenario", "")

@@ -41,6 +41,7 @@ _OWN_KEYS = (
     "comparisons",
     "conclusions",
     "complete",
+    "nothing_learned",
 )
 
 NO_RELEVANT = {
@@ -70,6 +71,19 @@ def _final(values: list | None) -> float | None:
     return values[-1] if values else None
 
 
+def learned_nothing(rep: dict) -> bool:
+    """A repeat none of whose rounds took in a client update: its model is the initial one.
+    (False for a repeat without round contributions on record.)"""
+    per_round = (rep.get("contributions") or {}).get("per_round")
+    return per_round is not None and not any(per_round)
+
+
+def nothing_learned(variants: dict[str, list[dict]]) -> dict[str, int]:
+    """Variants with repeats that learned nothing, and how many such repeats each has."""
+    counts = {name: sum(map(learned_nothing, reps)) for name, reps in variants.items()}
+    return {name: n for name, n in counts.items() if n}
+
+
 def summarise_variant(repeats: list[dict], metric: str) -> dict:
     """Per-variant summary: final offline metrics, online metrics, mean curve, costs."""
     metrics: list[str] = []
@@ -89,10 +103,20 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
         [rep["offline"][metric] for rep in with_curve],
     )
     msgs = [rep.get("messages") or {} for rep in repeats]
+    contrib = [rep["contributions"] for rep in repeats if rep.get("contributions")]
     return {
         "final": final,
         "online": online,
         "curve": cur,
+        "contributions": {
+            "rounds": summarise(len(c["per_round"]) for c in contrib),
+            "empty_rounds": summarise(c["empty_rounds"] for c in contrib),
+            "clients_per_round": summarise(
+                sum(c["per_round"]) / len(c["per_round"]) if c["per_round"] else None
+                for c in contrib
+            ),
+            "learned_nothing": sum(map(learned_nothing, repeats)),
+        },
         "messages": {
             "sent": summarise(m.get("sent") for m in msgs),
             "delivered": summarise(m.get("delivered") for m in msgs),
@@ -178,7 +202,14 @@ def render_summary_md(results: dict) -> str:
     total = f"{done}/{planned * len(variants)}" if planned else str(done)
     lines = [f"# {results.get('scenario', 'run')}", ""]
     status = "complete" if results.get("complete") else "partial (interrupted or still running)"
+    idle = results.get("nothing_learned") or {}
+    if idle:
+        status += "; nothing was learned in " + ", ".join(
+            f"{name} ({n} of {len(variants[name]['repeats'])} repeats)" for name, n in idle.items()
+        )
     lines.append(f"Seed {results.get('seed')}; {total} repeats finished; run {status}.")
+    for data in _datasets(results.get("config") or {}):
+        lines.append(f"Dataset: {data}.")
     lines.append(
         f"Final = offline {label} at the last evaluated round, mean ± sample std (n repeats)."
     )
@@ -190,8 +221,8 @@ def render_summary_md(results: dict) -> str:
     lines += [
         "",
         f"| variant | final {label} | Δ vs reference (p) | online discounted {label} "
-        "| messages sent / dropped | wall s |",
-        "|---|---|---|---|---|---|",
+        "| empty rounds | messages sent / dropped | wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     comps = {c["variant"]: c for c in results.get("comparisons", [])}
     for name, entry in variants.items():
@@ -210,11 +241,48 @@ def render_summary_md(results: dict) -> str:
         sent, dropped = (m.get("sent") or {}).get("mean"), (m.get("dropped") or {}).get("mean")
         msgs = f"{_num(sent, ',.0f')} / {_num(dropped, ',.0f')}"
         wall = _num((s.get("wall_s") or {}).get("mean"), ".1f")
-        lines.append(f"| {name} | {final} | {delta} | {online} | {msgs} | {wall} |")
+        empty = _empty_rounds(s.get("contributions") or {})
+        lines.append(f"| {name} | {final} | {delta} | {online} | {empty} | {msgs} | {wall} |")
     conclusions = results.get("conclusions") or []
     if conclusions:
         lines += ["", "## Conclusions", ""] + [f"- {c}" for c in conclusions]
     return "\n".join(lines) + "\n"
+
+
+def _empty_rounds(c: dict) -> str:
+    """Rounds that kept the old model, of the rounds played (means over repeats), and the
+    repeats that learned nothing at all."""
+    empty, rounds = c.get("empty_rounds") or {}, c.get("rounds") or {}
+    if not empty.get("n"):
+        return "–"
+    text = f"{_num(empty['mean'], '.4g')} of {_num(rounds['mean'], '.4g')}"
+    idle = c.get("learned_nothing", 0)
+    if idle == empty["n"]:
+        return f"**{text}: nothing learned**"
+    return f"{text} ({idle} repeats learned nothing)" if idle else text
+
+
+def _datasets(config: dict) -> list[str]:
+    """Which data the variants ran on (one line when they share it): the LETOR path, or the
+    synthetic profile with the seed that drew it."""
+
+    def describe(cfg: dict) -> str:
+        d = cfg["dataset"]
+        if d.get("path"):
+            return f"{d['path']}" + (" (query-normalised)" if d.get("normalise") else "")
+        seed = d.get("seed")
+        seed = (cfg.get("scenario") or {}).get("seed") if seed is None else seed
+        size = "" if d.get("n_queries") is None else f", {d['n_queries']} queries"
+        return f"synthetic {d.get('profile')} (seed {seed}{size})"
+
+    per = {
+        name: describe(c)
+        for name, c in config.items()
+        if isinstance(c, dict) and isinstance(c.get("dataset"), dict)
+    }
+    if len(set(per.values())) == 1:
+        return [next(iter(per.values()))]
+    return [f"{name}: {text}" for name, text in per.items()]
 
 
 def render_curves_csv(results: dict) -> str:
@@ -333,6 +401,7 @@ class ResultsWriter(Observer):
             "comparisons": compare(variants, self.reference, self.metric),
             "conclusions": list(self._conclusions),
             "complete": self._complete,
+            "nothing_learned": nothing_learned(variants),
         }
         res.update(self._extra)
         return jsonable(res)

@@ -209,13 +209,6 @@ class ServerAgent(Agent):
                 replies = [total] if total is not None else replies
             if aggregated:
                 facts = self.strategy.aggregate(r, replies) or {}
-            else:
-                log.info(
-                    "round_skipped",
-                    round=r,
-                    replies=len(replies),
-                    min_clients=self.plan.min_clients,
-                )
             metrics = None
             if (r - first_round + 1) % self.plan.eval_every == 0 or r == last:
                 metrics = self.strategy.evaluate()

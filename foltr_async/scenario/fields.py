@@ -7,6 +7,7 @@ Protocols and agent roles declare their own parameters with these fields, so a m
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,19 +32,25 @@ class Field:
     max: float | None = None
     choices: tuple[Any, ...] | None = None
     nullable: bool = False
+    #: accept ``inf`` (e.g. "no noise"); NaN is never a value
+    infinite: bool = False
+    #: a list's elements, each checked as ``path[i]``
+    items: Field | None = None
 
     @property
     def required(self) -> bool:
         return self.default is _REQUIRED
 
     def describe(self) -> str:
+        if self.items is not None:
+            return f"a list, each {self.items.describe()}"
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         names = self.kind if isinstance(self.kind, tuple) else (self.kind,)
         text = " or ".join(
             {
                 int: "an integer",
-                float: "a number",
+                float: "a number (inf allowed)" if self.infinite else "a finite number",
                 str: "a string",
                 bool: "true/false",
                 list: "a list",
@@ -66,8 +73,14 @@ class Field:
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
         if not ok and float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
+        if isinstance(value, float) and not (
+            math.isfinite(value) or (self.infinite and value == math.inf)
+        ):
+            ok = False  # NaN passes every < and > below, and inf loops or overflows a run
         if not ok:
             raise fail(where, path, self.describe(), value)
+        if self.items is not None:
+            return [self.items.check(v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         if self.choices is not None and value not in self.choices:
             hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""

@@ -38,7 +38,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
     },
     "ranker": {
         "kind": Field(str, "linear", "ranker family", choices=("linear", "mlp")),
-        "hidden": Field(list, [64], "MLP hidden layer sizes"),
+        "hidden": Field(list, [64], "MLP hidden layer sizes", items=Field(int, min=1)),
     },
     "clicks": {
         "model": Field(
@@ -50,7 +50,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
     },
     "federation": {
         "protocol": Field(str, help="protocol name (see `python -m foltr_async list`)"),
-        "clients": Field(int, 10, "honest clients", min=0),
+        "clients": Field(int, 10, "honest clients", min=1),
         "queries_per_client": Field(int, 4, "interactions per client per round (B)", min=1),
         "rounds": Field(int, 100, "federated rounds", min=1),
         "aggregator": Field(str, "fedavg", "how client updates combine"),
@@ -125,6 +125,15 @@ class Scenario:
     reference: str | None
     variants: dict[str, dict[str, Any]]
 
+    def where(self, variant: str) -> str:
+        """How an error names one variant: ``file [variant NAME]`` (a file without
+        ``[variants]`` has the one variant ``default`` and is named by the file alone)."""
+        return label(self.path, variant, list(self.variants) != ["default"])
+
+
+def label(path: Path, variant: str, named: bool) -> str:
+    return f"{path} [variant {variant}]" if named else str(path)
+
 
 def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None = None) -> Scenario:
     path = Path(path)
@@ -161,8 +170,8 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         _deep_merge(merged, over)
         for keys, value in sets:
             _set_path(merged, keys)[keys[-1]] = value
-        label = f"{where} [variant {name}]" if variants_raw else where
-        resolved[name] = validate(merged, label, default_name=path.stem)
+        where_v = label(path, name, bool(variants_raw))
+        resolved[name] = validate(merged, where_v, default_name=path.stem)
     first = next(iter(resolved.values()))["scenario"]
     reference = first["reference"]
     if reference is not None and reference not in resolved:
@@ -211,12 +220,18 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         )
     _secure_aggregation(fed, where, registry)
     _partition(fed, where, proto)
-    if not all(isinstance(h, int) and h > 0 for h in cfg["ranker"]["hidden"]):
-        raise fail(where, "ranker.hidden", "a list of positive integers", cfg["ranker"]["hidden"])
     cfg["agents"] = [
         _agent_group(g, i, fed["protocol"], where, registry)
         for i, g in enumerate(_list(raw.get("agents", []), where, "agents"))
     ]
+    n_clients = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+    if fed["min_clients"] > n_clients:  # no round could ever aggregate
+        raise fail(
+            where,
+            "federation.min_clients",
+            f"at most the {n_clients} clients (honest and attackers)",
+            fed["min_clients"],
+        )
     cfg["timeline"] = [
         _timeline_item(t, i, where, fed["rounds"])
         for i, t in enumerate(_list(raw.get("timeline", []), where, "timeline"))
