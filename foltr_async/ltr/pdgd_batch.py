@@ -48,7 +48,7 @@ from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker
 
-__all__ = ["MIN_BATCH", "BatchResult", "LinearJob", "train_linear_batch"]
+__all__ = ["MIN_BATCH", "BatchResult", "LinearJob", "size_groups", "train_linear_batch"]
 
 SERP_LENGTH = 10
 #: Padded (jobs x documents) cells per group of jobs: small enough to stay in cache.
@@ -322,7 +322,7 @@ def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchR
     return BatchResult(weights, queries, shown)
 
 
-def _groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
+def size_groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
     """Runs of jobs (sorted by document count) whose padded (jobs x docs) block fits the budget.
 
     Sorting first keeps one long query from padding many short ones (real query sizes are
@@ -375,7 +375,7 @@ def train_linear_batch(
         q = query[s, act]
         by_size = np.argsort(np.array([sizes[x] for x in q.tolist()]), kind="stable")
         n_sorted = [sizes[x] for x in q[by_size].tolist()]
-        for lo, hi in _groups(n_sorted, k):
+        for lo, hi in size_groups(n_sorted, k):
             pick = by_size[lo:hi]  # positions within ``act``
             rows = act[pick]
             sub = w[rows]
