@@ -103,7 +103,12 @@ class BatchResult:
 def _draws(
     jobs: Sequence[LinearJob], sizes: list[int], k: int, n_steps: int
 ) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """Every job's queries, Gumbel noise and click uniforms, in the sequential call order."""
+    """Every job's queries, Gumbel noise and click uniforms, in the sequential call order.
+
+    The same draws as the sequential calls, at less call overhead: ``gumbel(0.0, 1.0, n)`` is
+    ``gumbel(size=n)``, ``random(2 * m)`` is the raveled ``random((2, m))``, and a learner with
+    one query skips ``integers(1)``, which draws nothing.
+    """
     query: list[list[int]] = [[-1] * len(jobs) for _ in range(n_steps)]
     gumbel: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
     uniform: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
@@ -111,12 +116,13 @@ def _draws(
         integers, gum, rand = job.rng.integers, job.rng.gumbel, job.rng.random
         owned = job.queries
         n_owned = len(owned)
+        only = int(owned[0]) if n_owned == 1 else None
         for s in range(job.n_steps):
-            q = int(owned[integers(n_owned)])
+            q = only if only is not None else int(owned[integers(n_owned)])
             n = sizes[q]
             query[s][j] = q
-            gumbel[s].append(gum(size=n))
-            uniform[s].append(rand((2, min(k, n))))
+            gumbel[s].append(gum(0.0, 1.0, n))
+            uniform[s].append(rand(2 * min(k, n)))
     return np.array(query, dtype=np.int64).reshape(n_steps, len(jobs)), gumbel, uniform
 
 
