@@ -6,7 +6,7 @@ import math
 import pytest
 import structlog
 
-from foltr_async.bench import SUITES, TARGETS, main
+from foltr_async.bench import FULL, SUITES, TARGETS, main
 
 
 @pytest.fixture(autouse=True)
@@ -88,4 +88,26 @@ def test_bad_data_is_one_line_exit_2(capsys, tmp_path, bad):
 def test_suite_names_are_checked(capsys):
     assert main(["--suite", "nope"]) == 2
     assert "invalid choice" in capsys.readouterr().err
-    assert set(SUITES) == {"fpdgd", "foltr_es", "bus", "memory", "zmq", "parse", "secagg", "csfltr"}
+    assert set(SUITES) == {
+        "fpdgd", "foltr_es", "bus", "startup", "memory", "zmq", "parse", "secagg", "csfltr"
+    }  # fmt: skip
+
+
+def test_reference_figures_are_printed_with_the_ratio(capsys, tmp_path):
+    ref = tmp_path / "authors.json"
+    ref.write_text(json.dumps({"name": "authors", "foltr_es": {"s_per_round": 100.0, "on": "x"}}))
+    rc, res, _ = run_json(capsys, "--suite", "foltr_es", "--reference", str(ref))
+    assert rc == 0 and res["reference"]["name"] == "authors"
+    (row,) = res["reference"]["rows"]
+    assert row["metric"] == "foltr_es.s_per_round" and row["reference"] == 100.0
+    assert row["times_better"] == pytest.approx(100.0 / res["foltr_es"]["s_per_round"])
+    ref.write_text(json.dumps({"fpdgd": {"queries_per_s": -1}}))
+    rc, res, err = run_json(capsys, "--suite", "foltr_es", "--reference", str(ref))
+    assert rc == 2 and res is None and "fpdgd.queries_per_s" in err
+
+
+def test_clients_and_interactions_size_the_paper_scale_runs():
+    sizes = FULL.at_scale(62_500, 1_000_000)
+    assert (sizes.fpdgd_clients, sizes.es_clients, sizes.bus_clients) == (62_500,) * 3
+    assert sizes.fpdgd_window == 8  # 62,500 clients x 2 queries x 8 rounds = 10^6
+    assert FULL.at_scale(None, None) == FULL

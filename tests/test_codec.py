@@ -24,6 +24,7 @@ from foltr_async.runtime.codec import (
     Opt,
     ReplayGuard,
     SchemaRegistry,
+    SharedBody,
     Str,
     Struct,
     decode,
@@ -172,6 +173,66 @@ def test_encode_many_packs_the_body_once_and_matches_encode():
         assert (env.dst, env.seq, env.round, env.sent_at) == (dst, seq, 4, 2.5)
     with pytest.raises(ValueError):
         encode_many("server", dsts, "model", body, 4, [1], 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.text(max_size=40),
+    ids=st.lists(st.text(max_size=300), min_size=2, max_size=2),
+    numbers=st.lists(st.integers(-(2**63), 2**64 - 1), min_size=3, max_size=3),
+    sent_at=st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_header_bytes_are_msgpack_of_the_envelope_map(kind, ids, numbers, sent_at):
+    """The assembled header is byte for byte msgpack's packing of the map (body cut off)."""
+    v, seq, rnd = numbers
+    head = {"v": v, "kind": kind, "src": ids[0], "dst": ids[1], "seq": seq, "round": rnd,
+            "sent_at": sent_at, "body": {}}  # fmt: skip
+    env = Envelope(kind, ids[0], ids[1], {}, rnd, seq, sent_at, v)
+    assert encode(env) == msgpack.packb(head)
+
+
+def broadcast_copies(body: dict, kind: str = "model", n: int = 3) -> tuple[SharedBody, list]:
+    shared = SharedBody(body)
+    dsts = [f"client-{i}" for i in range(n)]
+    return shared, encode_many("server", dsts, kind, shared, 4, list(range(1, n + 1)), 2.5)
+
+
+def test_shared_broadcast_body_decodes_like_each_copy_alone():
+    shared, datas = broadcast_copies({"params": np.linspace(0, 1, 136)})
+    envs = [shared.decode(d, REG) for d in datas]
+    for data, env in zip(datas, envs, strict=True):
+        alone = decode(data, REG)
+        assert (env.kind, env.src, env.dst, env.round, env.seq, env.sent_at, env.v) == (
+            alone.kind, alone.src, alone.dst, alone.round, alone.seq, alone.sent_at, alone.v,
+        )  # fmt: skip
+        assert env.body.keys() == alone.body.keys() and env.body["round_hint"] is None
+        assert same(env.body["params"], alone.body["params"])
+        assert not env.body["params"].flags.writeable
+    envs[0].body["params"] = None  # each recipient owns its dict: the others are unaffected
+    assert envs[1].body["params"] is not None and envs[1].body is not envs[2].body
+
+
+def test_shared_broadcast_body_drops_for_the_same_reasons():
+    shared, datas = broadcast_copies({"params": np.zeros(300)})  # over max_len: bad_schema
+    assert drop_reason(datas[0]) == "bad_schema"
+    with pytest.raises(DropMessage) as info:
+        shared.decode(datas[0], REG)
+    assert info.value.reason == "bad_schema" and info.value.header.dst == "client-0"
+    shared, datas = broadcast_copies({"params": np.zeros(3)}, kind="nope")
+    with pytest.raises(DropMessage, match="unknown_kind"):
+        shared.decode(datas[0], REG)
+    with pytest.raises(DropMessage, match="oversized"):
+        shared.decode(datas[0], REG, max_bytes=20)
+    bad = datas[0].replace(b"\xa3seq\x01", b"\xa3seq\xff")  # seq -1
+    with pytest.raises(DropMessage, match="malformed"):
+        shared.decode(bad, REG)
+
+
+def test_shared_broadcast_body_with_lists_decodes_every_copy_in_full():
+    shared, datas = broadcast_copies({"data": b"ab", "xs": [1, 2]}, kind="blob")
+    a, b = (shared.decode(d, REG) for d in datas[:2])
+    a.body["xs"].append(3)
+    assert b.body["xs"] == [1, 2]
 
 
 def drop_reason(data: bytes, registry: SchemaRegistry = REG, **kw) -> str:

@@ -269,14 +269,14 @@ def test_compute_time_delays_replies_in_simulated_time(mq2008_dir, monkeypatch):
 
 def test_groups_cover_the_jobs_in_order_within_the_cell_budget():
     sizes = sorted(np.random.default_rng(0).integers(1, 1300, 1000).tolist())
-    groups = pdgd_batch._groups(sizes, 10)
+    groups = pdgd_batch.size_groups(sizes, 10)
     assert groups[0][0] == 0 and groups[-1][1] == len(sizes)
     assert all(a[1] == b[0] for a, b in zip(groups, groups[1:], strict=False))
     budget = pdgd_batch._CHUNK_CELLS
     for lo, hi in groups:
         assert hi - lo == 1 or (hi - lo) * max(sizes[hi - 1], 10) <= budget
         assert hi == len(sizes) or (hi + 1 - lo) * max(sizes[hi], 10) > budget  # maximal
-    assert pdgd_batch._groups([], 10) == [] and pdgd_batch._groups([10**7] * 2, 10) == [
+    assert pdgd_batch.size_groups([], 10) == [] and pdgd_batch.size_groups([10**7] * 2, 10) == [
         (0, 1),
         (1, 2),
     ]

@@ -201,3 +201,25 @@ def test_profile_summary_describes_the_generated_data():
     docs = sum(s.n_docs for s in d.values()) / n
     want = f"{d['train'].features.shape[1]} features, grades 0-2, ~{docs:.0f} documents per query"
     assert profile_summary("mq2007-like") == f"{want}, {n} queries"
+
+
+@pytest.mark.parametrize("profile", ["mslr-like", "intent-change-like"])
+def test_generated_splits_are_cached_and_load_as_generated(tmp_path, monkeypatch, profile):
+    monkeypatch.setenv("FOLTR_ASYNC_CACHE", str(tmp_path))
+    first = make_dataset(profile, 3, n_queries=30)
+    (entry,) = tmp_path.glob("synthetic-*.npz")
+    again = make_dataset(profile, 3, n_queries=30)  # from the cache
+    fresh = make_dataset(profile, 3, n_queries=30, cache=False)
+    for split in ("train", "vali", "test"):
+        for name in ("features", "labels", "qptr", "qids", "intent_labels"):
+            a, b, c = (getattr(d[split], name) for d in (first, again, fresh))
+            assert (a is None and b is None and c is None) or (
+                np.array_equal(a, b) and np.array_equal(a, c) and a.dtype == b.dtype
+            ), (split, name)
+    entry.write_bytes(entry.read_bytes()[:-100])  # a damaged entry is generated anew
+    assert np.array_equal(
+        make_dataset(profile, 3, n_queries=30)["test"].features, fresh["test"].features
+    )
+    assert len(list(tmp_path.glob("synthetic-*.npz"))) == 1
+    make_dataset(profile, 4, n_queries=30)  # another seed is another entry
+    assert len(list(tmp_path.glob("synthetic-*.npz"))) == 2

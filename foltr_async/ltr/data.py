@@ -681,13 +681,18 @@ _CACHE_FIELDS = ("features", "labels", "qptr", "qids")
 
 
 def _write_cache(entry: Path, arrays: tuple[np.ndarray, ...]) -> None:
-    """Atomic write (temporary file + rename); an unwritable cache is silently skipped."""
+    write_npz(entry, dict(zip(_CACHE_FIELDS, arrays, strict=True)))
+
+
+def write_npz(entry: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Atomic write of an uncompressed ``.npz`` (temporary file + rename); an unwritable cache
+    is silently skipped."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.stem, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **dict(zip(_CACHE_FIELDS, arrays, strict=True)))
+                np.savez(fh, **arrays)
             os.replace(tmp, entry)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -697,7 +702,29 @@ def _write_cache(entry: Path, arrays: tuple[np.ndarray, ...]) -> None:
 
 
 def _read_cache(entry: Path) -> tuple[np.ndarray, ...] | None:
-    """Arrays of a cache entry, or None when it is missing or fails any check.
+    """Arrays of a cache entry, or None when it is missing or fails any check."""
+    out = read_npz(entry, _CACHE_FIELDS)
+    if out is None:
+        return None
+    f, lab, qptr, qids = (out[k] for k in _CACHE_FIELDS)
+    ok = (
+        f.ndim == 2
+        and f.dtype == np.float32
+        and lab.shape == (len(f),)
+        and qptr.ndim == 1
+        and len(qptr) >= 2
+        and qptr[0] == 0
+        and qptr[-1] == len(f)
+        and bool((np.diff(qptr) > 0).all())
+        and qids.shape == (len(qptr) - 1,)
+        and qids.dtype.kind == "U"
+    )
+    return (f, lab, qptr, qids) if ok else None
+
+
+def read_npz(entry: Path, fields: tuple[str, ...]) -> dict[str, np.ndarray] | None:
+    """The arrays of an uncompressed ``.npz`` holding exactly ``fields``, or None when it is
+    missing or fails any check.
 
     Members are read straight into their arrays (``readinto``) with the zip CRC verified by
     ``zlib.crc32``; ``np.load`` would copy through ``zipfile`` at half the speed.
@@ -707,7 +734,7 @@ def _read_cache(entry: Path) -> tuple[np.ndarray, ...] | None:
         with open(entry, "rb") as fh, zipfile.ZipFile(fh) as zf:
             for info in zf.infolist():
                 name = info.filename.removesuffix(".npy")
-                if name not in _CACHE_FIELDS or info.compress_type != zipfile.ZIP_STORED:
+                if name not in fields or info.compress_type != zipfile.ZIP_STORED:
                     return None
                 fh.seek(info.header_offset)
                 local = fh.read(30)
@@ -738,19 +765,4 @@ def _read_cache(entry: Path) -> tuple[np.ndarray, ...] | None:
                 out[name] = arr
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, TypeError):
         return None
-    if set(out) != set(_CACHE_FIELDS):
-        return None
-    f, lab, qptr, qids = (out[k] for k in _CACHE_FIELDS)
-    ok = (
-        f.ndim == 2
-        and f.dtype == np.float32
-        and lab.shape == (len(f),)
-        and qptr.ndim == 1
-        and len(qptr) >= 2
-        and qptr[0] == 0
-        and qptr[-1] == len(f)
-        and bool((np.diff(qptr) > 0).all())
-        and qids.shape == (len(qptr) - 1,)
-        and qids.dtype.kind == "U"
-    )
-    return (f, lab, qptr, qids) if ok else None
+    return out if set(out) == set(fields) else None

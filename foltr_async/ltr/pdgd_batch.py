@@ -48,7 +48,7 @@ from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker
 
-__all__ = ["MIN_BATCH", "BatchResult", "LinearJob", "train_linear_batch"]
+__all__ = ["MIN_BATCH", "BatchResult", "LinearJob", "size_groups", "train_linear_batch"]
 
 SERP_LENGTH = 10
 #: Padded (jobs x documents) cells per group of jobs: small enough to stay in cache.
@@ -103,7 +103,12 @@ class BatchResult:
 def _draws(
     jobs: Sequence[LinearJob], sizes: list[int], k: int, n_steps: int
 ) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """Every job's queries, Gumbel noise and click uniforms, in the sequential call order."""
+    """Every job's queries, Gumbel noise and click uniforms, in the sequential call order.
+
+    The same draws as the sequential calls, at less call overhead: ``gumbel(0.0, 1.0, n)`` is
+    ``gumbel(size=n)``, ``random(2 * m)`` is the raveled ``random((2, m))``, and a learner with
+    one query skips ``integers(1)``, which draws nothing.
+    """
     query: list[list[int]] = [[-1] * len(jobs) for _ in range(n_steps)]
     gumbel: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
     uniform: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
@@ -111,12 +116,13 @@ def _draws(
         integers, gum, rand = job.rng.integers, job.rng.gumbel, job.rng.random
         owned = job.queries
         n_owned = len(owned)
+        only = int(owned[0]) if n_owned == 1 else None
         for s in range(job.n_steps):
-            q = int(owned[integers(n_owned)])
+            q = only if only is not None else int(owned[integers(n_owned)])
             n = sizes[q]
             query[s][j] = q
-            gumbel[s].append(gum(size=n))
-            uniform[s].append(rand((2, min(k, n))))
+            gumbel[s].append(gum(0.0, 1.0, n))
+            uniform[s].append(rand(2 * min(k, n)))
     return np.array(query, dtype=np.int64).reshape(n_steps, len(jobs)), gumbel, uniform
 
 
@@ -322,7 +328,7 @@ def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchR
     return BatchResult(weights, queries, shown)
 
 
-def _groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
+def size_groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
     """Runs of jobs (sorted by document count) whose padded (jobs x docs) block fits the budget.
 
     Sorting first keeps one long query from padding many short ones (real query sizes are
@@ -375,7 +381,7 @@ def train_linear_batch(
         q = query[s, act]
         by_size = np.argsort(np.array([sizes[x] for x in q.tolist()]), kind="stable")
         n_sorted = [sizes[x] for x in q[by_size].tolist()]
-        for lo, hi in _groups(n_sorted, k):
+        for lo, hi in size_groups(n_sorted, k):
             pick = by_size[lo:hi]  # positions within ``act``
             rows = act[pick]
             sub = w[rows]

@@ -57,13 +57,15 @@ istella-like and intent-change-like level off after about 10k. Default sizes gen
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from foltr_async import rng as rng_module
 from foltr_async.errors import DatasetError
-from foltr_async.ltr.data import write_letor
+from foltr_async.ltr.data import cache_dir, read_npz, write_letor, write_npz
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.rng import stream
 
@@ -203,9 +205,70 @@ def _profile(profile: str) -> Profile:
         ) from None
 
 
-def make_dataset(profile: str, seed: int, *, n_queries: int | None = None) -> dict[str, QuerySet]:
-    """Train/vali/test QuerySets (60/20/20 of the queries) of a profile; same seed, same bytes."""
-    return _build(_profile(profile), seed, n_queries)[0]
+def make_dataset(
+    profile: str, seed: int, *, n_queries: int | None = None, cache: bool = True
+) -> dict[str, QuerySet]:
+    """Train/vali/test QuerySets (60/20/20 of the queries) of a profile; same seed, same bytes.
+
+    Generating takes about a second at default sizes, most of a run's start-up; the splits are
+    therefore kept in the LETOR cache directory (``ltr.data.cache_dir``), keyed by the profile's
+    knobs, seed, size, numpy's version and this generator's source, so a second run loads them
+    (~0.1 s) and a changed generator can never be served stale.
+    """
+    p = _profile(profile)
+    if not cache:
+        return _build(p, seed, n_queries)[0]
+    entry = cache_dir() / f"synthetic-{_cache_key(p, seed, n_queries)[:40]}.npz"
+    got = _read_splits(entry, p)
+    if got is None:
+        got = _build(p, seed, n_queries)[0]
+        write_npz(
+            entry,
+            {
+                f"{split}.{name}": arr
+                for split, qs in got.items()
+                for name, arr in _split_arrays(qs).items()
+            },
+        )
+    return got
+
+
+def _split_arrays(qs: QuerySet) -> dict[str, np.ndarray]:
+    arrays = {"features": qs.features, "labels": qs.labels, "qptr": qs.qptr, "qids": qs.qids}
+    if qs.intent_labels is not None:
+        arrays["intent_labels"] = qs.intent_labels
+    return arrays
+
+
+def _cache_key(p: Profile, seed: int, n_queries: int | None) -> str:
+    h = hashlib.sha256(f"synthetic {p!r} seed={seed} n={n_queries} np={np.__version__}".encode())
+    for module in (__file__, rng_module.__file__):
+        h.update(Path(module).read_bytes())
+    return h.hexdigest()
+
+
+def _read_splits(entry: Path, p: Profile) -> dict[str, QuerySet] | None:
+    """The cached splits, or None when missing or inconsistent (then they are generated)."""
+    names = ("features", "labels", "qptr", "qids", *(("intent_labels",) if p.n_intents > 1 else ()))
+    arrays = read_npz(entry, tuple(f"{split}.{name}" for split, _ in SPLITS for name in names))
+    if arrays is None:
+        return None
+    out = {}
+    for split, _ in SPLITS:
+        a = {name: arrays[f"{split}.{name}"] for name in names}
+        f, qptr = a["features"], a["qptr"]
+        if not (
+            f.ndim == 2
+            and f.shape[1] == p.n_features
+            and a["labels"].shape == (len(f),)
+            and qptr.ndim == 1
+            and qptr[0] == 0
+            and qptr[-1] == len(f)
+            and a["qids"].shape == (len(qptr) - 1,)
+        ):
+            return None
+        out[split] = QuerySet(**a, name=split)
+    return out
 
 
 def latent_relevance(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -29,12 +29,49 @@ from foltr_async.runtime.codec import Envelope
 if TYPE_CHECKING:
     from foltr_async.runtime.bus import Bus
 
-__all__ = ["Agent", "handles"]
+__all__ = ["Agent", "Inbox", "handles"]
 
 log = structlog.get_logger()
 
 F = TypeVar("F", bound=Callable[..., Any])
 _MARK = "__foltr_handles__"
+
+
+class Inbox:
+    """The envelopes delivered to one agent and not yet handled, in order; one reader.
+
+    ``asyncio.Queue`` without what a single unbounded reader never needs (putter and getter
+    queues, task accounting): the reader waits on one future, set by the next ``put_nowait``.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Envelope] = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, env: Envelope) -> None:
+        self._items.append(env)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def get_nowait(self) -> Envelope:
+        return self._items.popleft()
+
+    async def get(self) -> Envelope:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._items.popleft()
 
 
 def handles(kind: str, *more: str) -> Callable[[F], F]:
@@ -73,7 +110,7 @@ class Agent:
     def __init__(self, agent_id: str, bus: Bus) -> None:
         self.id = agent_id
         self.bus = bus
-        self.inbox: asyncio.Queue[Envelope] = asyncio.Queue()
+        self.inbox = Inbox()
         self.state = "new"
         self.last_kind: str | None = None
         self.rounds_joined = 0

@@ -37,6 +37,7 @@ from foltr_async.runtime.codec import (
     Envelope,
     ReplayGuard,
     SchemaRegistry,
+    SharedBody,
     decode,
     encode,
     encode_many,
@@ -251,7 +252,8 @@ class MemoryBus(Bus):
         self._guards: dict[str, ReplayGuard] = {}
         self._seq: dict[tuple[str, str], int] = {}
         self._offline: set[str] = set()
-        self._due: list[tuple[float, int, bytes, str, str, str]] = []
+        #: (due time, send order, bytes, src, dst, kind, the broadcast's SharedBody or None)
+        self._due: list[tuple[float, int, bytes, str, str, str, SharedBody | None]] = []
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -324,8 +326,9 @@ class MemoryBus(Bus):
         src: str,
         dst: str,
         kind: str,
+        shared: SharedBody | None = None,
     ) -> None:
-        heapq.heappush(self._due, (when, next(self._order), data, src, dst, kind))
+        heapq.heappush(self._due, (when, next(self._order), data, src, dst, kind, shared))
         if self._timer is None or when < self._timer_at:
             if self._timer is not None:
                 self._timer.cancel()
@@ -356,15 +359,18 @@ class MemoryBus(Bus):
     def broadcast(
         self, src: str, dsts: Sequence[str], kind: str, body: dict, round: int = 0
     ) -> None:
-        sent = self._send_many(src, list(dsts), kind, body, round)
+        # One body for every copy: packed once, and parsed and schema-checked once on arrival
+        # (each copy's header is still decoded and checked from its own bytes).
+        shared = SharedBody(body)
+        sent = self._send_many(src, list(dsts), kind, shared, round)
         if sent is None:
             return
         loop, now, _, datas, arrivals = sent
         for i, t in arrivals:
-            self._schedule(loop, now + t, datas[i], src, dsts[i], kind)
+            self._schedule(loop, now + t, datas[i], src, dsts[i], kind, shared)
 
     def _send_many(
-        self, src: str, dsts: list[str], kind: str, body: dict, round: int
+        self, src: str, dsts: list[str], kind: str, body: dict | SharedBody, round: int
     ) -> (
         tuple[asyncio.AbstractEventLoop, float, list[int], list[bytes], list[tuple[int, float]]]
         | None
@@ -417,8 +423,8 @@ class MemoryBus(Bus):
         limit, self._timer = self._timer_at, None
         due = self._due
         while due and due[0][0] <= limit:
-            _, _, data, src, dst, kind = heapq.heappop(due)
-            self._arrive(data, dst, src, kind)
+            _, _, data, src, dst, kind, shared = heapq.heappop(due)
+            self._arrive(data, dst, src, kind, shared)
         if due and self._timer is None:
             self._timer_at = due[0][0]
             self._timer = asyncio.get_running_loop().call_at(self._timer_at, self._arrive_due)
@@ -427,7 +433,14 @@ class MemoryBus(Bus):
         self.stats.injected += 1
         self._arrive(data, dst, None, None)
 
-    def _arrive(self, data: bytes, dst: str, src: str | None, kind: str | None) -> None:
+    def _arrive(
+        self,
+        data: bytes,
+        dst: str,
+        src: str | None,
+        kind: str | None,
+        shared: SharedBody | None = None,
+    ) -> None:
         agent = self._agents.get(dst)
         if agent is None:
             self.report_drop("unknown_dst", f"no agent {dst} on the bus", src, dst, kind)
@@ -436,7 +449,10 @@ class MemoryBus(Bus):
             self.report_drop("offline", f"receiver {dst} is offline", src, dst, kind)
             return
         try:
-            env = decode(data, self.registry, self.max_bytes)
+            if shared is None:
+                env = decode(data, self.registry, self.max_bytes)
+            else:
+                env = shared.decode(data, self.registry, self.max_bytes)
         except DropMessage as e:
             h = e.header
             self.report_drop(e.reason, e.detail, h.src if h else src, dst, h.kind if h else kind)

@@ -46,6 +46,7 @@ __all__ = [
     "SchemaRegistry",
     "Spec",
     "Str",
+    "SharedBody",
     "Struct",
     "decode",
     "encode",
@@ -145,24 +146,45 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} in a message body")
 
 
+#: One Packer for every encode: ``msgpack.packb`` builds a new Packer per call (~0.2 us each).
+#: ``pack`` never re-enters itself (``_default`` packs no msgpack) and resets on errors.
+_pack = msgpack.Packer(default=_default).pack
+#: Packed header strings (kinds, agent ids), bounded by the agents and kinds of a run.
+_PACKED_IDS: dict[str, bytes] = {}
+
+
+def _packed_id(value: Any) -> bytes:
+    got = _PACKED_IDS.get(value) if type(value) is str else None
+    if got is None:
+        got = _pack(value)
+        if type(value) is str:
+            if len(_PACKED_IDS) >= 1 << 18:  # a bound for runs with very many agents
+                _PACKED_IDS.clear()
+            _PACKED_IDS[value] = got
+    return got
+
+
 def _header(v: int, kind: str, src: str, dst: str, seq: int, round: int, sent_at: float) -> bytes:
-    """Packed envelope map up to and including the ``body`` key; the packed body follows."""
-    # Packing the map with body=None and cutting the trailing nil (0xc0) leaves a header the
-    # pre-packed body can be appended to: this is how a broadcast encodes its body once.
-    return msgpack.packb(
-        {
-            "v": v, "kind": kind, "src": src, "dst": dst, "seq": seq, "round": round,
-            "sent_at": float(sent_at), "body": None,
-        },
-        default=_default,
-    )[:-1]  # fmt: skip
+    """Packed envelope map up to and including the ``body`` key; the packed body follows.
+
+    Byte for byte ``msgpack.packb`` of the map ``{v, kind, src, dst, seq, round, sent_at,
+    body: nil}`` without its trailing nil (so a pre-packed body can be appended: how a broadcast
+    encodes its body once), assembled from the map's fixed keys and cached packed ids.
+    """
+    return b"".join(
+        (
+            b"\x88\xa1v", _pack(v), b"\xa4kind", _packed_id(kind), b"\xa3src", _packed_id(src),
+            b"\xa3dst", _packed_id(dst), b"\xa3seq", _pack(seq), b"\xa5round", _pack(round),
+            b"\xa7sent_at", _pack(float(sent_at)), b"\xa4body",
+        )
+    )  # fmt: skip
 
 
 def pack_body(body: Mapping) -> bytes:
     """The msgpack bytes of a body (arrays as ExtType); raises TypeError for unencodable values."""
     if not isinstance(body, Mapping):
         raise TypeError(f"message body must be a dict, got {type(body).__name__}")
-    return msgpack.packb(body, default=_default)
+    return _pack(body)
 
 
 def encode(env: Envelope) -> bytes:
@@ -175,7 +197,7 @@ def encode_many(
     src: str,
     dsts: Sequence[str],
     kind: str,
-    body: Mapping,
+    body: Mapping | SharedBody,
     round: int,
     seqs: Sequence[int],
     sent_at: float,
@@ -183,7 +205,7 @@ def encode_many(
     """One envelope per destination; the body (e.g. a model) is packed once and spliced in."""
     if len(dsts) != len(seqs):
         raise ValueError(f"encode_many: {len(dsts)} destinations but {len(seqs)} sequence numbers")
-    packed = pack_body(body)
+    packed = body.packed if type(body) is SharedBody else pack_body(body)
     return [
         _header(WIRE_VERSION, kind, src, dst, seq, round, sent_at) + packed
         for dst, seq in zip(dsts, seqs, strict=True)
@@ -556,6 +578,83 @@ def _decode(data: bytes, registry: SchemaRegistry, max_bytes: int) -> Envelope:
         raise DropMessage("bad_schema", f"{kind}: {e}", env) from None
     env.body = body
     return env
+
+
+class SharedBody:
+    """A broadcast's body: packed once for all its copies, parsed and schema-checked at most once.
+
+    ``decode`` still reads every copy from its own bytes: each header is parsed and checked, the
+    bytes must end with this packed body, and the replay guard and taps see each copy as
+    before. Only the body's msgpack parse and schema check are shared, and each recipient gets
+    its own body dict holding the shared immutable values (read-only array views of the packed
+    bytes, numbers, strings). A body with mutable containers (lists, maps), and any copy that is
+    not exactly as the bus encoded it, is decoded in full, so a drop has the same reason.
+    """
+
+    __slots__ = ("packed", "_checked")
+
+    def __init__(self, body: Mapping) -> None:
+        self.packed = pack_body(body)
+        #: (registry, kind) -> the checked body, or None when it must be decoded per copy
+        self._checked: dict[tuple[int, str], dict | None] = {}
+
+    def decode(
+        self, data: bytes, registry: SchemaRegistry = REGISTRY, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> Envelope:
+        """``decode(data, registry, max_bytes)`` for a copy of this body: the same envelope (or
+        the same ``DropMessage``), with the body's parse and check done once per kind."""
+        packed = self.packed
+        n = len(packed)
+        if len(data) > max_bytes or len(data) <= n or not data.endswith(packed):
+            return decode(data, registry, max_bytes)
+        try:  # the header alone: this body's place taken by nil
+            obj = msgpack.unpackb(
+                data[:-n] + b"\xc0", ext_hook=_ext_hook, raw=False, strict_map_key=True
+            )
+        except Exception:
+            return decode(data, registry, max_bytes)
+        if (
+            type(obj) is not dict
+            or type(obj.get("v")) is not int
+            or obj["v"] != WIRE_VERSION
+            or next(reversed(obj)) != "body"
+        ):
+            return decode(data, registry, max_bytes)
+        obj["body"] = {}
+        kind = obj["kind"]
+        schema = registry.get(kind) if _bad_header(obj) is None else None
+        if schema is None or (schema.max_bytes is not None and len(data) > schema.max_bytes):
+            return decode(data, registry, max_bytes)
+        key = (id(registry), kind)
+        if key not in self._checked:
+            self._checked[key] = _shareable(packed, schema)
+        body = self._checked[key]
+        if body is None:
+            return decode(data, registry, max_bytes)
+        return Envelope(
+            kind, obj["src"], obj["dst"], dict(body), obj["round"], obj["seq"],
+            float(obj["sent_at"]), obj["v"],
+        )  # fmt: skip
+
+
+_IMMUTABLE = (int, float, str, bytes, bool, type(None))
+
+
+def _shareable(packed: bytes, schema: _Schema) -> dict | None:
+    """The checked body of ``packed`` if its values can be shared read-only, else None."""
+    try:
+        body = msgpack.unpackb(packed, ext_hook=_ext_hook, raw=False, strict_map_key=True)
+        if type(body) is not dict:
+            return None
+        _check_dict(body, schema.fields)
+    except Exception:  # DropMessage, _Invalid, msgpack errors: the full decode says which
+        return None
+    for value in body.values():
+        if not (
+            type(value) in _IMMUTABLE or (type(value) is np.ndarray and not value.flags.writeable)
+        ):
+            return None
+    return body
 
 
 # --------------------------------------------------------------------------- replay

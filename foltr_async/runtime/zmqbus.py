@@ -329,10 +329,10 @@ class HubBus(MemoryBus):
         self.frames += 1
         self.hub.send(worker, [b"M", _RUN.pack(self.run_id, 0.0), dst.encode(), data])
 
-    def _schedule(self, loop, when, data, src, dst, kind) -> None:  # noqa: ANN001
+    def _schedule(self, loop, when, data, src, dst, kind, shared=None) -> None:  # noqa: ANN001
         worker = self._where.get(dst)
         if worker is None:
-            super()._schedule(loop, when, data, src, dst, kind)
+            super()._schedule(loop, when, data, src, dst, kind, shared)
             return
         delay = max(0.0, when - loop.time())
         self.frames += 1
