@@ -25,7 +25,7 @@ import structlog
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
-from foltr_async.observe.stats import PAIRED_TEST, curve, paired_test, summarise
+from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, summarise
 
 _log = structlog.get_logger("foltr_async.observe.results")
 
@@ -105,7 +105,8 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
 
 
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
-    """Each variant's final metric against the reference's, paired by repeat seed."""
+    """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
+    is the p-value Holm-adjusted over all the scenario's comparisons."""
     if reference is None or reference not in variants:
         return []
 
@@ -131,6 +132,8 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
                 "n": len(seeds),
             }
         )
+    for comp, adjusted in zip(out, holm([c["p_value"] for c in out]), strict=True):
+        comp["p_holm"] = adjusted
     return out
 
 
@@ -183,7 +186,10 @@ def render_summary_md(results: dict) -> str:
         f"Final = offline {label} at the last evaluated round, mean ± sample std (n repeats)."
     )
     if ref is not None:
-        lines.append(f"Δ = mean paired difference vs reference `{ref}`; p from a {PAIRED_TEST}.")
+        lines.append(
+            f"Δ = mean paired difference vs reference `{ref}`; p from a {PAIRED_TEST}; "
+            "Holm = p adjusted over all the comparisons with the reference."
+        )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
     online_key = f"{metric}_discounted"
@@ -202,6 +208,8 @@ def render_summary_md(results: dict) -> str:
         elif name in comps and comps[name]["diff_mean"] is not None:
             c = comps[name]
             p = "n/a" if c["p_value"] is None else f"{c['p_value']:.3g}"
+            if c.get("p_holm") is not None:
+                p += f", Holm {c['p_holm']:.3g}"
             delta = f"{c['diff_mean']:+.4f} (p={p}, n={c['n']})"
         else:
             delta = "–"
