@@ -124,8 +124,8 @@ def conclusions(results: dict) -> list[str]:
     lines = [f"Highest final {METRIC}: {best} ({finals[best]:.4f})."]
     ref = results.get("reference")
     for name in finals:
-        before = name.removesuffix("-unlearned")
-        if name.endswith("-unlearned") and before in finals and ref in finals:
+        before, unlearned, _ = name.partition("-unlearned")  # "9H-1M-unlearned[-s10-n2]"
+        if unlearned and before in finals and ref in finals:
             lines.append(_unlearning(results, name, before, ref))
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:

@@ -110,3 +110,12 @@ def test_a_list_index_beyond_the_list_in_set_is_refused(tmp_path):
     grid = '[[grid]]\nname = "x{count}"\nset = { agents = [{ behaviour = "lie" }] }\n'
     with pytest.raises(ScenarioError, match=r"grid\[0\]: agents.1.count: expected a list index"):
         load(tmp_path, grid + "product = { agents.1.count = [1] }\n")
+
+
+def test_reproduction_scenarios_validate_and_read_five_folds():
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "reproduce").glob("*.toml"))
+    assert files, "no reproduction scenarios shipped"
+    for f in files:
+        sc = load_scenario(f)
+        assert sc.folds == (1, 2, 3, 4, 5) and sc.reference in sc.variants, f.name
