@@ -30,6 +30,9 @@ from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, sum
 _log = structlog.get_logger("foltr_async.observe.results")
 
 CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
+#: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
+#: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
+EXTRA_CURVES = ("maxrr@10",)
 _OWN_KEYS = (
     "scenario",
     "seed",
@@ -70,6 +73,14 @@ def _final(values: list | None) -> float | None:
     return values[-1] if values else None
 
 
+def _curve(repeats: list[dict], metric: str) -> dict:
+    with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
+    return curve(
+        [rep.get("rounds", []) for rep in with_curve],
+        [rep["offline"][metric] for rep in with_curve],
+    )
+
+
 def summarise_variant(repeats: list[dict], metric: str) -> dict:
     """Per-variant summary: final offline metrics, online metrics, mean curve, costs."""
     metrics: list[str] = []
@@ -83,16 +94,13 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
     online = {
         k: summarise((rep.get("online") or {}).get(k) for rep in repeats) for k in online_keys
     }
-    with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
-    cur = curve(
-        [rep.get("rounds", []) for rep in with_curve],
-        [rep["offline"][metric] for rep in with_curve],
-    )
+    cur = _curve(repeats, metric)
     msgs = [rep.get("messages") or {} for rep in repeats]
     return {
         "final": final,
         "online": online,
         "curve": cur,
+        "curves": {m: _curve(repeats, m) for m in EXTRA_CURVES if m in metrics},
         "messages": {
             "sent": summarise(m.get("sent") for m in msgs),
             "delivered": summarise(m.get("delivered") for m in msgs),
@@ -371,6 +379,9 @@ class ResultsWriter(Observer):
             start = time.monotonic()
             try:
                 plot_curves(res, self.png_path, metric=self.metric)
+                for m in EXTRA_CURVES:
+                    if any(m in v["summary"]["curves"] for v in res["variants"].values()):
+                        plot_curves(res, self.out_dir / f"curves-{m}.png", metric=m)
             except Exception:
                 _log.exception("plot_failed", path=str(self.png_path))
             self._plotted_at = time.monotonic()
