@@ -25,7 +25,7 @@ from foltr_async.errors import ScenarioError
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter
-from foltr_async.observe.stats import paired_test
+from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import run_jobs
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
 from foltr_async.runtime.clock import VirtualTimeLoop
@@ -110,7 +110,8 @@ def conclusions(results: dict) -> list[str]:
     and nothing more; "significant" uses the Holm-adjusted p of the scenario's comparisons.
     Unlearning compares the unlearned model (its final evaluation: the calibrated model) with
     the stable level of the others (mean of their last STABLE_LAST training evaluations), and
-    says what share of the gap it closed only when both the gap and the recovery are significant.
+    says what share of the gap it closed only when both the gap and the recovery are significant
+    (the recovery's p Holm-adjusted over the scenario's unlearned variants).
     """
     variants = results.get("variants", {})
     finals = {
@@ -123,10 +124,14 @@ def conclusions(results: dict) -> list[str]:
     best = max(finals, key=finals.get)
     lines = [f"Highest final {METRIC}: {best} ({finals[best]:.4f})."]
     ref = results.get("reference")
-    for name in finals:
-        before, unlearned, _ = name.partition("-unlearned")  # "9H-1M-unlearned[-s10-n2]"
-        if unlearned and before in finals and ref in finals:
-            lines.append(_unlearning(results, name, before, ref))
+    unlearned = [
+        _unlearning(results, name, before, ref)
+        for name in finals
+        for before, mark, _ in [name.partition("-unlearned")]  # "9H-1M-unlearned[-s10-n2]"
+        if mark and before in finals and ref in finals
+    ]
+    adjusted = holm([u["recovery"][1] for u in unlearned])
+    lines += [_unlearning_sentence(u, p) for u, p in zip(unlearned, adjusted, strict=True)]
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:
             continue
@@ -142,38 +147,56 @@ def conclusions(results: dict) -> list[str]:
     return lines
 
 
-def _unlearning(results: dict, name: str, before: str, ref: str) -> str:
+def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
+    """Levels and paired tests of one unlearned variant (``recovery``: vs the attacked one)."""
     variants, config = results["variants"], results.get("config") or {}
     unlearned = _per_seed(variants[name], None)
     attacked = _per_seed(variants[before], _training_rounds(config, before))
     clean = _per_seed(variants[ref], _training_rounds(config, ref))
     seeds = sorted(set(unlearned) & set(attacked) & set(clean))
-    if not seeds:
-        return f"Unlearning: no seed finished {name}, {before} and {ref}."
     u, a, c = (np.array([d[s] for s in seeds]) for d in (unlearned, attacked, clean))
-    levels = (
-        f"{name} {u.mean():.4f} vs {before} {a.mean():.4f} and {ref} {c.mean():.4f} "
-        f"(final calibrated model vs mean of the last {STABLE_LAST} training evaluations, "
-        f"n = {len(seeds)})"
+    out = {"name": name, "before": before, "ref": ref, "n": len(seeds), "recovery": (None, None)}
+    if seeds:
+        out["levels"] = (
+            f"{name} {u.mean():.4f} vs {before} {a.mean():.4f} and {ref} {c.mean():.4f} "
+            f"(final calibrated model vs mean of the last {STABLE_LAST} training evaluations, "
+            f"n = {len(seeds)})"
+        )
+    if len(seeds) >= 2:
+        out |= {
+            "gap": paired_test(c, a),
+            "recovery": paired_test(u, a),
+            "rest": paired_test(u, c),
+        }
+    return out
+
+
+def _unlearning_sentence(u: dict, rec_holm: float | None) -> str:
+    """Says what share of the gap was closed only when the gap and the recovery (Holm-adjusted
+    over the scenario's unlearned variants) are significant."""
+    name, before, ref = u["name"], u["before"], u["ref"]
+    if u["n"] == 0:
+        return f"Unlearning: no seed finished {name}, {before} and {ref}."
+    if u["n"] < 2:
+        return f"Unlearning: {u['levels']}: too few seeds for a conclusion."
+    (gap_diff, gap_p), (rec_diff, rec_p), (rest_diff, rest_p) = (
+        u["gap"],
+        u["recovery"],
+        u["rest"],
     )
-    if len(seeds) < 2:
-        return f"Unlearning: {levels}: too few seeds for a conclusion."
-    gap_diff, gap_p = paired_test(c, a)
-    rec_diff, rec_p = paired_test(u, a)
-    rest_diff, rest_p = paired_test(u, c)
     tests = (
         f"{ref} - {before} {gap_diff:+.4f} (p={_p(gap_p)}), {name} - {before} {rec_diff:+.4f} "
-        f"(p={_p(rec_p)}), {name} - {ref} {rest_diff:+.4f} (p={_p(rest_p)})"
+        f"(p={_p(rec_p)}, Holm p={_p(rec_holm)}), {name} - {ref} {rest_diff:+.4f} "
+        f"(p={_p(rest_p)})"
     )
     if gap_p is None or gap_p >= ALPHA or gap_diff <= 0:
         return (
-            f"Unlearning: {levels}; {before} is not significantly worse: nothing to recover "
-            f"({tests})."
+            f"Unlearning: {u['levels']}; {before} is not significantly worse: nothing to "
+            f"recover ({tests})."
         )
-    if rec_p is None or rec_p >= ALPHA or rec_diff <= 0:
-        return f"Unlearning did not significantly recover: {levels} ({tests})."
-    share = rec_diff / gap_diff
-    return f"Unlearning recovered {share:.0%} of the gap: {levels} ({tests})."
+    if rec_holm is None or rec_holm >= ALPHA or rec_diff <= 0:
+        return f"Unlearning did not significantly recover: {u['levels']} ({tests})."
+    return f"Unlearning recovered {rec_diff / gap_diff:.0%} of the gap: {u['levels']} ({tests})."
 
 
 def _p(p: float | None) -> str:

@@ -68,3 +68,17 @@ def test_comparison_sentences_judge_significance_by_holm():
     lines = [s for s in conclusions(_results(curves)) if s.startswith("v")]
     assert len(lines) == 5
     assert all("not significant, p=0.0118, Holm p=0.0591" in s for s in lines)
+
+
+def test_recovery_of_many_unlearned_variants_is_judged_by_holm():
+    clean = [[0.6, 0.6, 0.6, 0.62 + d] for d in (0.0, 0.01, -0.01, 0.005, 0.0)]
+    attacked = [[0.4, 0.4, 0.4, 0.4 + d] for d in (0.0, 0.012, -0.006, 0.004, 0.001)]
+    # recovery +0.0115: raw p = 0.029 for each; Holm over the 4 unlearned variants: 0.116
+    noise = (0.008, -0.006, 0.0, 0.007, -0.009)
+    unlearned = [a + [a[-1] + 0.01 + e] for a, e in zip(attacked, noise, strict=True)]
+    curves = {"9H-0M": clean, "9H-1M": attacked}
+    curves |= {f"9H-1M-unlearned-s{k}": unlearned for k in range(4)}
+    lines = [s for s in conclusions(_results(curves)) if s.startswith("Unlearning")]
+    assert len(lines) == 4
+    assert all(s.startswith("Unlearning did not significantly recover") for s in lines)
+    assert all("(p=0.0289, Holm p=0.116)" in s for s in lines)
