@@ -5,7 +5,8 @@
 Per variant: final offline nDCG@10 and expected MaxRR@10 (mean ± sample std, n repeats = folds x
 seeds), the online discounted nDCG@10, and the paired difference to the reference with its raw and
 Holm-adjusted p (as results.json holds them); unlearned variants add their calibration cost
-against re-training from scratch.
+against re-training from scratch. ``--conclusions`` adds the unlearning sentences of the current
+code (``foltr_async.experiment.conclusions``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--only", action="append", default=[], help="variant name prefix")
+    ap.add_argument("--conclusions", action="store_true", help="also the unlearning sentences")
     args = ap.parse_args()
-    print(table(json.loads(args.results.read_text()), args.only), end="")
+    results = json.loads(args.results.read_text())
+    print(table(results, args.only), end="")
+    if args.conclusions:
+        from foltr_async.experiment import conclusions
+
+        print("\n" + "\n".join(f"- {s}" for s in conclusions(results) if "nlearning" in s))
 
 
 if __name__ == "__main__":
