@@ -113,6 +113,8 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         metavar="S",
         help="zmq: a worker silent this long counts as lost (its clients crash)",
     )
+    if not serve:
+        _add_parallel(p)
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--json-logs", action="store_true", help="machine-readable log lines")
     p.add_argument(
@@ -129,6 +131,24 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         help="continue the interrupted run whose output folder is DIR",
     )
     return p
+
+
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    """``--jobs`` / ``--executor``: repeats of the memory transport in parallel."""
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N (variant, repeat) jobs at once in local processes (same results as 1)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="ray: fan the jobs out over a Ray cluster (RAY_ADDRESS, else a local Ray with "
+        "--jobs CPUs; pip install 'foltr-async[ray]')",
+    )
 
 
 def _add_set(p: argparse.ArgumentParser, help: str) -> None:
@@ -185,6 +205,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             scenario.repeats,
             scenario.reference if scenario.reference in args.only else None,
             {k: v for k, v in scenario.variants.items() if k in args.only},
+            scenario.folds,
         )
     if args.checkpoint_every < 0:
         raise FoltrError(
@@ -194,6 +215,9 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     if not zmq and args.workers is not None:
         raise FoltrError("--workers: only with --transport zmq")
     check_scenario(scenario)  # bad input fails here, before an output folder exists
+    jobs, executor = (1, "local") if serve else (args.jobs, args.executor)
+    if zmq and (jobs != 1 or executor != "local"):
+        raise FoltrError("--jobs / --executor: only with the memory transport")
     out = _out_dir(args, scenario.name)
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
@@ -208,6 +232,8 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
                 checkpoint_every=args.checkpoint_every,
                 resume=args.resume is not None,
                 remote=remote,
+                jobs=jobs,
+                executor=executor,
             )
     except FoltrError:
         raise

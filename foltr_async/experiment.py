@@ -23,15 +23,16 @@ from typing import Any
 import numpy as np
 import structlog
 
-from foltr_async.errors import FoltrError
+from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter
-from foltr_async.observe.stats import paired_test
+from foltr_async.observe.stats import holm, paired_test
+from foltr_async.parallel import run_jobs
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
 from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.clock import run as run_loop
-from foltr_async.scenario.load import Scenario
+from foltr_async.scenario.load import Scenario, repeat_config
 from foltr_async.simulation import RunCheckpoint, Simulation
 
 METRIC = "ndcg@10"
@@ -99,8 +100,21 @@ class Checkpoints:
             write_atomic(self.path, self.data)
 
 
+#: Evaluations a trained model's level is averaged over: one evaluation is a noisy snapshot.
+STABLE_LAST = 3
+ALPHA = 0.05
+
+
 def conclusions(results: dict) -> list[str]:
-    """Plain sentences a reader can check against the table."""
+    """Plain sentences a reader can check against the table.
+
+    A claim needs a test: with fewer than two paired seeds a difference is reported as a number
+    and nothing more; "significant" uses the Holm-adjusted p of the scenario's comparisons.
+    Unlearning compares the unlearned model (its final evaluation: the calibrated model) with
+    the stable level of the others (mean of their last STABLE_LAST training evaluations), and
+    says what share of the gap it closed only when both the gap and the recovery are significant
+    (the recovery's p Holm-adjusted over the scenario's unlearned variants).
+    """
     variants = results.get("variants", {})
     idle = results.get("nothing_learned") or {}
     lines = [
@@ -118,51 +132,105 @@ def conclusions(results: dict) -> list[str]:
     best = max(finals, key=finals.get)
     lines.append(f"Highest final {METRIC}: {best} ({finals[best]:.4f}).")
     ref = results.get("reference")
-    for name, value in finals.items():
-        if not name.endswith("-unlearned"):
-            continue
-        before = name.removesuffix("-unlearned")
-        if before not in finals or ref not in finals:
-            continue
-        gap = finals[ref] - finals[before]
-        if abs(gap) < 1e-12:
-            lines.append(f"{before} did not differ from {ref}: nothing to recover.")
-            continue
-        share = (value - finals[before]) / gap
-        verdict = "recovered" if value > finals[before] else "did not recover"
-        diff, p = _paired(variants, name, before)
-        test = "" if p is None else f"; {name} vs {before}: {diff:+.4f}, paired p={p:.3g}"
-        lines.append(
-            f"Unlearning {verdict}: {name} {value:.4f} vs {before} {finals[before]:.4f} and "
-            f"{ref} {finals[ref]:.4f} ({share:.0%} of the gap closed{test})."
-        )
+    unlearned = [
+        _unlearning(results, name, before, ref)
+        for name in finals
+        for before, mark, _ in [name.partition("-unlearned")]  # "9H-1M-unlearned[-s10-n2]"
+        if mark and before in finals and ref in finals
+    ]
+    adjusted = holm([u["recovery"][1] for u in unlearned])
+    lines += [_unlearning_sentence(u, p) for u, p in zip(unlearned, adjusted, strict=True)]
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:
             continue
-        p = comp.get("p_value")
-        sig = "n/a" if p is None else ("significant" if p < 0.05 else "not significant")
+        p, holm_p = comp.get("p_value"), comp.get("p_holm", comp.get("p_value"))
+        if p is None:
+            test = f"n = {comp['n']}: no test"
+        else:
+            sig = "significant" if holm_p < ALPHA else "not significant"
+            test = f"paired t-test over {comp['n']} seeds: {sig}, p={p:.3g}, Holm p={holm_p:.3g}"
         lines.append(
-            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {METRIC} "
-            f"(paired t-test over {comp['n']} seeds: {sig}"
-            + ("" if p is None else f", p={p:.3g}")
-            + ")."
+            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {METRIC} ({test})."
         )
     return lines
 
 
-def _paired(variants: dict, a: str, b: str) -> tuple[float | None, float | None]:
-    """Paired test of two variants' final metric over the seeds both finished."""
-
-    def finals(name: str) -> dict[int, float]:
-        return {
-            r["seed"]: r["offline"][METRIC][-1]
-            for r in variants[name]["repeats"]
-            if r.get("offline", {}).get(METRIC)
+def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
+    """Levels and paired tests of one unlearned variant (``recovery``: vs the attacked one)."""
+    variants, config = results["variants"], results.get("config") or {}
+    unlearned = _per_seed(variants[name], None)
+    attacked = _per_seed(variants[before], _training_rounds(config, before))
+    clean = _per_seed(variants[ref], _training_rounds(config, ref))
+    seeds = sorted(set(unlearned) & set(attacked) & set(clean))
+    u, a, c = (np.array([d[s] for s in seeds]) for d in (unlearned, attacked, clean))
+    out = {"name": name, "before": before, "ref": ref, "n": len(seeds), "recovery": (None, None)}
+    if seeds:
+        out["levels"] = (
+            f"{name} {u.mean():.4f} vs {before} {a.mean():.4f} and {ref} {c.mean():.4f} "
+            f"(final calibrated model vs mean of the last {STABLE_LAST} training evaluations, "
+            f"n = {len(seeds)})"
+        )
+    if len(seeds) >= 2:
+        out |= {
+            "gap": paired_test(c, a),
+            "recovery": paired_test(u, a),
+            "rest": paired_test(u, c),
         }
+    return out
 
-    fa, fb = finals(a), finals(b)
-    seeds = sorted(set(fa) & set(fb))
-    return paired_test([fa[s] for s in seeds], [fb[s] for s in seeds])
+
+def _unlearning_sentence(u: dict, rec_holm: float | None) -> str:
+    """Says what share of the gap was closed only when the gap and the recovery (Holm-adjusted
+    over the scenario's unlearned variants) are significant."""
+    name, before, ref = u["name"], u["before"], u["ref"]
+    if u["n"] == 0:
+        return f"Unlearning: no seed finished {name}, {before} and {ref}."
+    if u["n"] < 2:
+        return f"Unlearning: {u['levels']}: too few seeds for a conclusion."
+    (gap_diff, gap_p), (rec_diff, rec_p), (rest_diff, rest_p) = (
+        u["gap"],
+        u["recovery"],
+        u["rest"],
+    )
+    tests = (
+        f"{ref} - {before} {gap_diff:+.4f} (p={_p(gap_p)}), {name} - {before} {rec_diff:+.4f} "
+        f"(p={_p(rec_p)}, Holm p={_p(rec_holm)}), {name} - {ref} {rest_diff:+.4f} "
+        f"(p={_p(rest_p)})"
+    )
+    if gap_p is None or gap_p >= ALPHA or gap_diff <= 0:
+        return (
+            f"Unlearning: {u['levels']}; {before} is not significantly worse: nothing to "
+            f"recover ({tests})."
+        )
+    if rec_holm is None or rec_holm >= ALPHA or rec_diff <= 0:
+        return f"Unlearning did not significantly recover: {u['levels']} ({tests})."
+    return f"Unlearning recovered {rec_diff / gap_diff:.0%} of the gap: {u['levels']} ({tests})."
+
+
+def _p(p: float | None) -> str:
+    return "n/a" if p is None else f"{p:.3g}"
+
+
+def _training_rounds(config: dict, name: str) -> int | None:
+    return ((config.get(name) or {}).get("federation") or {}).get("rounds")
+
+
+def _per_seed(variant: dict, last_round: int | None) -> dict[int, float]:
+    """Per seed: the final evaluation (``last_round`` None) or the mean of the last STABLE_LAST
+    evaluations up to ``last_round``."""
+    out = {}
+    for rep in variant["repeats"]:
+        curve = (rep.get("offline") or {}).get(METRIC) or []
+        values = [
+            v
+            for r, v in zip(rep.get("rounds") or [], curve, strict=True)
+            if v is not None and (last_round is None or r <= last_round)
+        ]
+        if values:
+            out[rep["seed"]] = (
+                values[-1] if last_round is None else float(np.mean(values[-STABLE_LAST:]))
+            )
+    return out
 
 
 def check_scenario(scenario: Scenario) -> None:
@@ -200,9 +268,13 @@ def run_scenario(
     checkpoint_every: int = 0,
     resume: bool = False,
     remote: Any = None,
+    jobs: int = 1,
+    executor: str = "local",
 ) -> dict:
     """Run every repeat of every variant; ``remote``: a multi-process transport's server side
     (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time.
+    ``jobs`` > 1 or ``executor = "ray"`` runs the in-memory repeats in parallel
+    (``foltr_async.parallel``; a checkpoint then keeps finished repeats only).
 
     Called as a library with structlog unconfigured (its default prints every debug event to
     stdout), it logs as the CLI does for the run: ``events.jsonl`` in ``out_dir`` and warnings
@@ -217,7 +289,9 @@ def run_scenario(
             console=False,
         )
     try:
-        return _run_scenario(scenario, out_dir, reporter, checkpoint_every, resume, remote)
+        return _run_scenario(
+            scenario, out_dir, reporter, checkpoint_every, resume, remote, jobs, executor
+        )
     finally:
         if own_logging:
             close_logging()
@@ -231,7 +305,11 @@ def _run_scenario(
     checkpoint_every: int,
     resume: bool,
     remote: Any,
+    jobs: int = 1,
+    executor: str = "local",
 ) -> dict:
+    if scenario.folds and remote is not None:
+        raise ScenarioError("dataset.folds: only with the memory transport")
     checkpoints = Checkpoints(out_dir, scenario, checkpoint_every, resume)
     writer = ResultsWriter(
         out_dir,
@@ -264,14 +342,20 @@ def _run_scenario(
                 observers.repeat_started(name, rep, seed)
                 observers.repeat_done(name, rep, done)
             else:
-                todo.append((rep, seed, name, cfg))
+                todo.append((rep, seed, name, repeat_config(scenario, cfg, rep)))
 
     def finish(name: str, rep: int, result: dict) -> None:
         result = _plain(result)
+        if scenario.folds:
+            result["fold"] = scenario.folds[rep % len(scenario.folds)]
         checkpoints.finished(name, rep, result)
         observers.repeat_done(name, rep, result)
 
-    if remote is None:
+    if remote is None and (jobs > 1 or executor != "local"):
+        for (rep, seed, name, _), result in run_jobs(todo, jobs, executor):
+            observers.repeat_started(name, rep, seed)
+            finish(name, rep, result)
+    elif remote is None:
         for rep, seed, name, cfg in todo:
             observers.repeat_started(name, rep, seed)
             ck = checkpoints.run(name, rep)

@@ -21,7 +21,7 @@ import structlog
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import cascade
-from foltr_async.ltr.metrics import OnlineDiscounted, ndcg
+from foltr_async.ltr.metrics import OnlineDiscounted, expected_maxrr, ndcg
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
@@ -184,7 +184,8 @@ class RunContext:
 
     def evaluate(self, ranker) -> dict[str, float]:
         """Offline nDCG@10 of a ranker on the held-out queries (with a partition that gives
-        several label views of them, e.g. one per intent: the mean over the views)."""
+        several label views of them, e.g. one per intent: the mean over the views), and its
+        expected MaxRR@10 under the scenario's users (the FOLtR-ES papers' offline metric)."""
         if self.partition is not None and self.partition.test_sets:
             return evaluate_views(
                 ranker, self.partition.test_sets, self.cfg["evaluation"]["no_relevant"]
@@ -193,13 +194,13 @@ class RunContext:
         cap = self.cfg["evaluation"]["max_test_queries"]
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
-        values = ndcg(
-            ranker.score(test.features),
-            test,
-            k=10,
-            no_relevant=self.cfg["evaluation"]["no_relevant"],
-        )
-        return {"ndcg@10": float(np.nanmean(values)) if np.isfinite(values).any() else 0.0}
+        scores = ranker.score(test.features)
+        values = ndcg(scores, test, k=10, no_relevant=self.cfg["evaluation"]["no_relevant"])
+        rr = expected_maxrr(scores, test, self.click_model().p_click, k=10)
+        return {
+            "ndcg@10": float(np.nanmean(values)) if np.isfinite(values).any() else 0.0,
+            "maxrr@10": float(rr.mean()),
+        }
 
 
 @lru_cache(maxsize=4)

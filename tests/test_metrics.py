@@ -9,6 +9,7 @@ from foltr_async.ltr.metrics import (
     OnlineDiscounted,
     dcg_at_k,
     err,
+    expected_maxrr,
     ideal_dcg,
     maxrr,
     mean_ndcg,
@@ -180,3 +181,23 @@ def test_online_discounted_sums_gamma_powers_from_zero():
     acc.add_ranking(np.array([2, 0]), np.array([2, 0, 0]))
     assert v == pytest.approx(1 / np.log2(3))
     assert acc.value == pytest.approx(1 / np.log2(3) + 0.9995)
+
+
+def test_expected_maxrr_matches_simulated_cascade_users():
+    """The closed form equals the mean MaxRR of sampled cascade clicks (with stops) on the
+    ranking by the scores, and ranks the same documents as nDCG's top k."""
+    from foltr_async.ltr.clicks import cascade
+
+    qs = _qs([[2, 0, 1, 0], [0, 0, 0]])
+    scores = np.array([0.1, 0.9, 0.5, 0.3, 0.2, 0.1, 0.3], dtype=np.float32)
+    model = cascade("navigational", 3)
+    got = expected_maxrr(scores, qs, model.p_click, k=3)
+    rng = np.random.default_rng(0)
+    for q in range(qs.n_queries):
+        docs = qs.labels[qs.doc_range(q)]
+        shown = docs[np.argsort(-scores[qs.doc_range(q)], kind="stable")][:3]
+        sampled = np.mean([maxrr(model.simulate(shown, rng), 3) for _ in range(20000)])
+        assert got[q] == pytest.approx(sampled, abs=0.01)
+    assert got[1] > 0.0  # grade-0 documents still get clicks from navigational users
+    perfect = expected_maxrr(scores, qs, cascade("perfect", 3).p_click, k=3)
+    assert perfect.tolist() == [0.25, 0.0]  # grade 1 at rank 2 (P 0.5); grade 0 never clicked

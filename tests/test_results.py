@@ -315,3 +315,21 @@ def test_conclusions_leave_variants_that_learned_nothing_out_of_the_ranking():
     assert lines[1] == "Highest final ndcg@10: busy (0.3000)."
     res["nothing_learned"] = {"idle": 1, "busy": 1}
     assert not any(line.startswith("Highest") for line in conclusions(res))
+
+
+def test_maxrr_gets_a_summary_curve_and_a_figure_beside_the_main_metric(writer):
+    rng = np.random.default_rng(1)
+    writer.run_started(info())
+    reps = []
+    for r, seed in enumerate(SEEDS):
+        rep = make_repeat(seed, 0.0, rng)
+        rep["offline"]["maxrr@10"] = rep["offline"]["ndcg@10"] / 3
+        reps.append(rep)
+        writer.repeat_done("base", r, rep)
+    writer.run_done({})
+    summary = writer.results["variants"]["base"]["summary"]
+    assert set(summary["curves"]) == {"maxrr@10"}  # err@10 has no curve of its own
+    want = np.mean([rep["offline"]["maxrr@10"] for rep in reps], axis=0)
+    np.testing.assert_allclose(summary["curves"]["maxrr@10"]["mean"], want)
+    assert summary["curves"]["maxrr@10"]["rounds"] == ROUNDS
+    assert (writer.out_dir / "curves-maxrr@10.png").read_bytes()[:4] == b"\x89PNG"

@@ -55,3 +55,12 @@ def test_curve_empty_and_misaligned():
     assert curve([], []) == {"rounds": [], "mean": [], "std": [], "n": []}
     with pytest.raises(ValueError):
         curve([[1, 2]], [[0.1]])
+
+
+def test_holm_matches_the_step_down_definition_and_keeps_missing_tests_out():
+    from foltr_async.observe.stats import holm
+
+    # sorted 0.01, 0.02, 0.04 of m = 3 tests: 3 x 0.01, max(0.03, 2 x 0.02), max(0.04, 1 x 0.04)
+    assert holm([0.04, None, 0.01, 0.02]) == pytest.approx([0.04, None, 0.03, 0.04])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert holm([None]) == [None] and holm([]) == []

@@ -138,6 +138,24 @@ def err(scores: np.ndarray, qs: QuerySet, k: int = 10, max_grade: int | None = N
     return np.bincount(q, weights=r / (rank + 1) * np.exp(before), minlength=qs.n_queries)
 
 
+def expected_maxrr(
+    scores: np.ndarray, qs: QuerySet, p_click: np.ndarray, k: int = 10
+) -> np.ndarray:
+    """Expected MaxRR@k per query of the ranking by ``scores`` under a cascade user.
+
+    ``p_click[g]`` is P(click | grade g). The cascade only stops after a click, so the first
+    click is at rank r with probability c_r prod_{i<r} (1 - c_i) and the expectation of 1/r is
+    exact (no sampled clicks): the offline counterpart of FOLtR-ES's MaxRR (Kharitonov, WSDM 2019).
+    """
+    scores = _check_scores(scores, qs)
+    doc, q, rank = _top_k_rows(scores, qs, k)
+    pc = np.asarray(p_click, dtype=np.float64)
+    c = np.zeros((qs.n_queries, k))  # ranks a short query lacks: no document, no click
+    c[q, rank] = pc[np.clip(qs.labels[doc].astype(np.int64), 0, pc.size - 1)]
+    reach = np.cumprod(np.hstack([np.ones((qs.n_queries, 1)), 1.0 - c[:, :-1]]), axis=1)
+    return (c * reach / np.arange(1, k + 1)).sum(axis=1)
+
+
 def ndcg_of_ranking(ranked_labels: np.ndarray, all_labels: np.ndarray, k: int = 10) -> float:
     """nDCG@k of one displayed list against all the query's labels; 0 if none is relevant."""
     ideal = dcg_at_k(np.sort(np.asarray(all_labels))[::-1], k)

@@ -47,16 +47,21 @@ def _mark_after_training(ax, results: dict, names: list[str]) -> None:
 def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path:
     """Mean line and ±1 std band per variant over evaluated rounds; written atomically.
 
-    Reads ``results["variants"][name]["summary"]["curve"]``; variants without points are left
-    out of the plot (a partial run still gets a figure of what it finished).
+    Reads ``results["variants"][name]["summary"]["curve"]`` (another metric than the results':
+    ``["curves"][metric]``); variants without points are left out of the plot (a partial run
+    still gets a figure of what it finished).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    metric = metric or results.get("metric", "ndcg@10")
+    main = results.get("metric", "ndcg@10")
+    metric = metric or main
     curves = []
     for name, entry in results.get("variants", {}).items():
-        cur = (entry.get("summary") or {}).get("curve") or {}
+        summary = entry.get("summary") or {}
+        cur = (summary.get("curve") if metric == main else None) or (
+            (summary.get("curves") or {}).get(metric) or {}
+        )
         if cur.get("rounds"):
             curves.append((name, len(entry.get("repeats", [])), cur))
     idle = results.get("nothing_learned") or {}

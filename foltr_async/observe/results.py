@@ -25,11 +25,14 @@ import structlog
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
-from foltr_async.observe.stats import PAIRED_TEST, curve, paired_test, summarise
+from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, summarise
 
 _log = structlog.get_logger("foltr_async.observe.results")
 
 CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
+#: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
+#: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
+EXTRA_CURVES = ("maxrr@10",)
 _OWN_KEYS = (
     "scenario",
     "seed",
@@ -84,6 +87,14 @@ def nothing_learned(variants: dict[str, list[dict]]) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
+def _curve(repeats: list[dict], metric: str) -> dict:
+    with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
+    return curve(
+        [rep.get("rounds", []) for rep in with_curve],
+        [rep["offline"][metric] for rep in with_curve],
+    )
+
+
 def summarise_variant(repeats: list[dict], metric: str) -> dict:
     """Per-variant summary: final offline metrics, online metrics, mean curve, costs."""
     metrics: list[str] = []
@@ -97,11 +108,7 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
     online = {
         k: summarise((rep.get("online") or {}).get(k) for rep in repeats) for k in online_keys
     }
-    with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
-    cur = curve(
-        [rep.get("rounds", []) for rep in with_curve],
-        [rep["offline"][metric] for rep in with_curve],
-    )
+    cur = _curve(repeats, metric)
     msgs = [rep.get("messages") or {} for rep in repeats]
     contrib = [rep["contributions"] for rep in repeats if rep.get("contributions")]
     return {
@@ -117,6 +124,7 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
             ),
             "learned_nothing": sum(map(learned_nothing, repeats)),
         },
+        "curves": {m: _curve(repeats, m) for m in EXTRA_CURVES if m in metrics},
         "messages": {
             "sent": summarise(m.get("sent") for m in msgs),
             "delivered": summarise(m.get("delivered") for m in msgs),
@@ -129,7 +137,8 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
 
 
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
-    """Each variant's final metric against the reference's, paired by repeat seed."""
+    """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
+    is the p-value Holm-adjusted over all the scenario's comparisons."""
     if reference is None or reference not in variants:
         return []
 
@@ -155,6 +164,8 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
                 "n": len(seeds),
             }
         )
+    for comp, adjusted in zip(out, holm([c["p_value"] for c in out]), strict=True):
+        comp["p_holm"] = adjusted
     return out
 
 
@@ -214,7 +225,10 @@ def render_summary_md(results: dict) -> str:
         f"Final = offline {label} at the last evaluated round, mean ± sample std (n repeats)."
     )
     if ref is not None:
-        lines.append(f"Δ = mean paired difference vs reference `{ref}`; p from a {PAIRED_TEST}.")
+        lines.append(
+            f"Δ = mean paired difference vs reference `{ref}`; p from a {PAIRED_TEST}; "
+            "Holm = p adjusted over all the comparisons with the reference."
+        )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
     online_key = f"{metric}_discounted"
@@ -233,6 +247,8 @@ def render_summary_md(results: dict) -> str:
         elif name in comps and comps[name]["diff_mean"] is not None:
             c = comps[name]
             p = "n/a" if c["p_value"] is None else f"{c['p_value']:.3g}"
+            if c.get("p_holm") is not None:
+                p += f", Holm {c['p_holm']:.3g}"
             delta = f"{c['diff_mean']:+.4f} (p={p}, n={c['n']})"
         else:
             delta = "–"
@@ -432,6 +448,9 @@ class ResultsWriter(Observer):
             start = time.monotonic()
             try:
                 plot_curves(res, self.png_path, metric=self.metric)
+                for m in EXTRA_CURVES:
+                    if any(m in v["summary"]["curves"] for v in res["variants"].values()):
+                        plot_curves(res, self.out_dir / f"curves-{m}.png", metric=m)
             except Exception:
                 _log.exception("plot_failed", path=str(self.png_path))
             self._plotted_at = time.monotonic()

@@ -52,6 +52,23 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> tuple[float | None, f
     return diff, (p if np.isfinite(p) else None)
 
 
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in input order.
+
+    A scenario that compares many variants with one reference makes a family of tests; a raw
+    p < 0.05 in one of twenty is expected by chance. Holm controls the family-wise error rate
+    without assuming independence. None (no test) stays None and is not counted in the family.
+    """
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    out: list[float | None] = [None] * len(pvalues)
+    m = len(idx)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
+
+
 def curve(rounds: Sequence[Sequence[int]], values: Sequence[Sequence[float | None]]) -> dict:
     """Mean and sample std per round over repeats whose evaluated rounds may differ.
 

@@ -35,6 +35,9 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "seed": Field(
             int, None, "synthetic data seed (default: scenario.seed)", nullable=True, min=0
         ),
+        "folds": Field(
+            list, [], "fold numbers under path (FoldN): every fold runs scenario.repeats seeds"
+        ),
     },
     "ranker": {
         "kind": Field(str, "linear", "ranker family", choices=("linear", "mlp")),
@@ -111,7 +114,7 @@ TIMELINE_FIELDS = {
     "action": Field(str, help="what happens", choices=ACTIONS),
     "agents": Field(list, [], "agent ids, or groups: 'attackers', 'clients'"),
 }
-TOP_LEVEL = (*SECTIONS, "agents", "timeline", "variants")
+TOP_LEVEL = (*SECTIONS, "agents", "timeline", "variants", "grid")
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class Scenario:
     repeats: int
     reference: str | None
     variants: dict[str, dict[str, Any]]
+    #: ``dataset.folds``: repeat r runs on fold ``folds[r % len(folds)]`` (``repeats`` counts
+    #: folds x seeds); empty: every repeat reads ``dataset.path`` as given.
+    folds: tuple[int, ...] = ()
 
     def where(self, variant: str) -> str:
         """How an error names one variant: ``file [variant NAME]`` (a file without
@@ -157,6 +163,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     variants_raw = raw.pop("variants", {}) or {}
     if not isinstance(variants_raw, dict):
         raise fail(where, "variants", "a table of named override tables", variants_raw)
+    variants_raw = _with_grids(variants_raw, raw.pop("grid", []), where)
     sets = [_parse_set(s) for s in overrides]
     if seed is not None:
         sets.append((["scenario", "seed"], seed))
@@ -179,7 +186,48 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
             f"{where}: scenario.reference: {reference!r} is not a variant"
             f"{suggest(reference, list(resolved))}; variants: {', '.join(resolved)}"
         )
-    return Scenario(path, first["name"], first["seed"], first["repeats"], reference, resolved)
+    folds = _folds(resolved, where)
+    repeats = first["repeats"] * max(1, len(folds))
+    return Scenario(path, first["name"], first["seed"], repeats, reference, resolved, folds)
+
+
+def _with_grids(variants: dict, grids: Any, where: str) -> dict:
+    """The explicit variants, then those the ``[[grid]]`` entries expand to."""
+    from foltr_async.scenario.grid import expand_grids
+
+    expanded = expand_grids(grids, where)
+    for name in expanded:
+        if name in variants:
+            raise fail(where, "grid", f"variant names not in [variants], {name!r} is")
+    return {**variants, **expanded}
+
+
+def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
+    """``dataset.folds`` (one list for every variant: folds are paired like seeds)."""
+    lists = {tuple(cfg["dataset"]["folds"]) for cfg in variants.values()}
+    if len(lists) > 1:
+        raise fail(where, "dataset.folds", "the same folds in every variant", sorted(lists))
+    folds = lists.pop()
+    if not folds:
+        return ()
+    if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in folds):
+        raise fail(where, "dataset.folds", "a list of fold numbers >= 1", list(folds))
+    if len(set(folds)) != len(folds):
+        raise fail(where, "dataset.folds", "distinct fold numbers", list(folds))
+    if any(cfg["dataset"]["path"] is None for cfg in variants.values()):
+        raise fail(where, "dataset.folds", "a dataset.path holding the FoldN directories")
+    return folds
+
+
+def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[str, Any]:
+    """The config repeat ``repeat`` runs: with folds, ``dataset.path`` names its fold."""
+    if not scenario.folds:
+        return cfg
+    fold = scenario.folds[repeat % len(scenario.folds)]
+    out = copy.deepcopy(cfg)
+    out["dataset"]["path"] = str(Path(cfg["dataset"]["path"]) / f"Fold{fold}")
+    out["dataset"]["folds"] = [fold]
+    return out
 
 
 def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""Variant grids and fold repeats in scenario files."""
+
+from pathlib import Path
+
+import pytest
+
+from foltr_async.errors import ScenarioError
+from foltr_async.scenario.load import load_scenario, repeat_config
+
+BASE = """
+[scenario]
+repeats = 2
+reference = "plain"
+[federation]
+protocol = "fpdgd"
+clients = 4
+rounds = 6
+[variants.plain]
+"""
+
+DP_GRID = """
+[[grid]]
+name = "dp-eps{epsilon}-delta{sensitivity}-C{clients}"
+set = { federation.params.dp = true }
+product = { federation.clients = [10, 100] }
+[grid.zip]
+federation.params.epsilon = [1.2, 2.3, 4.5, 10]
+federation.params.sensitivity = [3, 3, 5, 5]
+"""
+
+
+def load(tmp_path: Path, text: str, sets=()):
+    p = tmp_path / "g.toml"
+    p.write_text(BASE + text)
+    return load_scenario(p, list(sets))
+
+
+def test_zip_pairs_keys_and_product_multiplies_axes(tmp_path):
+    sc = load(tmp_path, DP_GRID)
+    names = list(sc.variants)
+    assert names[0] == "plain" and len(names) == 1 + 4 * 2
+    assert names[1:3] == ["dp-eps1.2-delta3-C10", "dp-eps1.2-delta3-C100"]
+    cfg = sc.variants["dp-eps4.5-delta5-C100"]
+    params = cfg["federation"]["params"]
+    assert (params["dp"], params["epsilon"], params["sensitivity"]) == (True, 4.5, 5.0)
+    assert cfg["federation"]["clients"] == 100 and cfg["federation"]["rounds"] == 6
+    assert sc.variants["plain"]["federation"]["params"]["dp"] is False
+
+
+def test_numeric_path_component_indexes_a_list_from_set(tmp_path):
+    sc = load(
+        tmp_path,
+        """
+[[grid]]
+name = "lie-{aggregator}-m{count}"
+set = { agents = [{ behaviour = "lie", count = 1 }] }
+product = { federation.aggregator = ["krum", "median"] }
+zip = { federation.clients = [9, 8], agents.0.count = [1, 2] }
+""",
+    )
+    cfg = sc.variants["lie-median-m2"]
+    assert cfg["federation"]["clients"] == 8 and cfg["agents"][0]["count"] == 2
+    assert cfg["agents"][0]["behaviour"] == "lie" and cfg["federation"]["aggregator"] == "median"
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ('name = "x{clients}"\nproduct = { federation.clients = 3 }', "a non-empty list"),
+        ('name = "x{a}"\nzip = { a = [1, 2], b = [1] }', "lists of one length"),
+        ('name = "x{client}"\nproduct = { federation.clients = [1, 2] }', "unknown placeholder"),
+        ('name = "x"\nproduct = { federation.clients = [1, 2] }', "'x' repeats"),
+        ('name = "x{c}"', "at least one list of values"),
+        ('name = "x{c}"\nproduct = { c = [1] }\nsett = {}', "(did you mean 'set'?)"),
+        ('name = "plain{c}"\nproduct = { federation.clients = [1] }', "unknown placeholder"),
+        ('name = "x{count}"\nproduct = { agents.0.count = [1] }', "expected a key"),
+    ],
+)
+def test_grid_errors_are_one_line_with_the_key_path(tmp_path, grid, message):
+    with pytest.raises(ScenarioError) as e:
+        load(tmp_path, "[[grid]]\n" + grid + "\n")
+    text = str(e.value)
+    assert message in text and "\n" not in text and "grid[0]" in text
+
+
+def test_expanded_variants_are_validated_and_may_not_shadow_variants(tmp_path):
+    bad = '[[grid]]\nname = "a{aggregator}"\nproduct = { federation.aggregator = ["krumm"] }\n'
+    with pytest.raises(ScenarioError, match=r"\[variant akrumm\]: federation.aggregator"):
+        load(tmp_path, bad)
+    clash = '[[grid]]\nname = "plain{x}"\nproduct = { x = [""] }\n'
+    with pytest.raises(ScenarioError, match="'plain' is"):
+        load(tmp_path, clash)
+
+
+def test_folds_multiply_repeats_and_name_each_repeat_s_fold(tmp_path):
+    text = '[dataset]\npath = "data/MQ2008"\nfolds = [1, 3]\n'
+    sc = load(tmp_path, text.replace("[dataset]", "[dataset]", 1))
+    assert sc.repeats == 4 and sc.folds == (1, 3)
+    cfg = sc.variants["plain"]
+    paths = [repeat_config(sc, cfg, r)["dataset"]["path"] for r in range(4)]
+    assert [Path(p) for p in paths] == [Path("data/MQ2008") / f for f in ("Fold1", "Fold3") * 2]
+    assert cfg["dataset"]["path"] == "data/MQ2008"  # the scenario's config is left as written
+    with pytest.raises(ScenarioError, match="dataset.folds: expected a dataset.path"):
+        load(tmp_path, "[dataset]\nfolds = [1]\n")
+    with pytest.raises(ScenarioError, match="the same folds in every variant"):
+        load(tmp_path, text + "[variants.other]\ndataset = { folds = [2] }\n")
+
+
+def test_a_list_index_beyond_the_list_in_set_is_refused(tmp_path):
+    grid = '[[grid]]\nname = "x{count}"\nset = { agents = [{ behaviour = "lie" }] }\n'
+    with pytest.raises(ScenarioError, match=r"grid\[0\]: agents.1.count: expected a list index"):
+        load(tmp_path, grid + "product = { agents.1.count = [1] }\n")
+
+
+def test_reproduction_scenarios_validate_and_read_five_folds():
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "reproduce").glob("*.toml"))
+    assert files, "no reproduction scenarios shipped"
+    for f in files:
+        sc = load_scenario(f)
+        assert sc.folds == (1, 2, 3, 4, 5) and sc.reference in sc.variants, f.name

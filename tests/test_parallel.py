@@ -1,0 +1,76 @@
+"""Repeats in parallel (local processes, Ray) give the serial run's results."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from foltr_async.errors import FoltrError
+from foltr_async.experiment import run_scenario
+from foltr_async.observe.observer import Observer
+from foltr_async.parallel import run_jobs
+from foltr_async.scenario.load import load_scenario
+
+SCENARIO = """
+[scenario]
+name = "par"
+seed = 4
+repeats = 2
+reference = "fedavg"
+[dataset]
+n_queries = 60
+[federation]
+protocol = "fpdgd"
+clients = 4
+queries_per_client = 2
+rounds = 6
+[evaluation]
+every = 3
+[variants.fedavg]
+[[grid]]
+name = "attacked-{aggregator}"
+set = { agents = [{ behaviour = "scaled_reversal", count = 1 }] }
+product = { federation.aggregator = ["fedavg", "median"] }
+"""
+
+
+def _without_wall_time(obj):
+    if isinstance(obj, dict):
+        return {k: _without_wall_time(v) for k, v in obj.items() if k != "wall_s"}
+    if isinstance(obj, list):
+        return [_without_wall_time(v) for v in obj]
+    return obj
+
+
+def _run(tmp_path: Path, name: str, **kw) -> dict:
+    path = tmp_path / "par.toml"
+    path.write_text(SCENARIO)
+    out = tmp_path / name
+    run_scenario(load_scenario(path), out, Observer(), **kw)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_jobs_give_the_serial_results_json(tmp_path):
+    serial = _run(tmp_path, "serial")
+    parallel = _run(tmp_path, "jobs2", jobs=2)
+    assert len(serial["variants"]) == 3 and serial["complete"]
+    assert _without_wall_time(parallel) == _without_wall_time(serial)
+
+
+def test_bad_job_counts_and_executors_are_one_line_errors():
+    with pytest.raises(FoltrError, match="--jobs: expected an integer >= 1, got 0"):
+        list(run_jobs([(0, 1, "a", {})], 0))
+    with pytest.raises(FoltrError, match="--executor: expected one of local, ray"):
+        list(run_jobs([(0, 1, "a", {})], 2, "dask"))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is not installed (optional extra: pip install 'foltr-async[ray]')",
+)
+def test_ray_executor_on_a_local_two_cpu_ray_gives_the_serial_results(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    serial = _run(tmp_path, "serial")
+    on_ray = _run(tmp_path, "ray", jobs=2, executor="ray")
+    assert _without_wall_time(on_ray) == _without_wall_time(serial)
