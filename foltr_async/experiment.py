@@ -127,6 +127,10 @@ def conclusions(results: dict) -> list[str]:
             f"Unlearning {verdict}: {name} {value:.4f} vs {before} {finals[before]:.4f} and "
             f"{ref} {finals[ref]:.4f} ({share:.0%} of the gap closed{test})."
         )
+    same = results.get("equal_time")
+    if same:
+        at = ", ".join(f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"])
+        lines.append(f"{METRIC} at equal simulated time {same['time']:.0f} s: {at}.")
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:
             continue

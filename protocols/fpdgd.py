@@ -117,9 +117,10 @@ class LocalLearner:
         )
         self.rng = rng
         self.lr = p["lr"]
-        self.dp = p["dp"]
-        self.bound = p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0)
-        self.noise_scale = p["sensitivity"] / p["epsilon"]
+        self.dp = p.get("dp", False)  # asynchronous FPDGD has no DP parameters
+        if self.dp:
+            self.bound = p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0)
+            self.noise_scale = p["sensitivity"] / p["epsilon"]
         self.n_clients = ctx.cfg["federation"]["clients"] + ctx.n_malicious
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:
@@ -175,10 +176,11 @@ class FPDGDClient(Agent):
         super().__init__(agent_id, ctx.bus)
         self.learner = LocalLearner(ctx, queries, rng, click_model, agent_id)
         self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
-        self.store_every = ctx.params["store_every"]
-        self.calibration_steps = ctx.params["calibration_steps"]
+        self.store_every = ctx.params.get("store_every")
+        self.calibration_steps = ctx.params.get("calibration_steps")
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
-        self.compute_time = ctx.params["compute_time"]
+        # this device's time per interaction: the protocol's, scaled by the system model
+        self.compute_time = ctx.params["compute_time"] * ctx.compute_scale(agent_id)
         linear = isinstance(self.learner.ranker, LinearRanker)
         self.pool = train_pool(ctx) if linear else None
 

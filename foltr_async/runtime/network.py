@@ -10,6 +10,8 @@ Model, exactly:
 - loss: each message is lost independently with probability ``loss`` (drawn before latency).
 - availability: in every round each client is online independently with probability
   ``availability`` (transient dropout, no memory).
+- devices: each client's local compute time is the protocol's times a multiplier drawn once
+  per client from ``compute_scale`` (a distribution like ``latency``; default 1: equal devices).
 - churn: at the start of every round, a client that is not already away leaves with
   probability ``churn`` and stays away for K rounds including this one,
   K ~ Geometric(1 / churn_rounds) on {1, 2, ...} (mean ``churn_rounds``). A client is online
@@ -170,7 +172,16 @@ class Presence:
         self.away_until: dict[str, int] = {}
 
 
-_KEYS = ("latency", "links", "bandwidth", "loss", "availability", "churn", "churn_rounds")
+_KEYS = (
+    "latency",
+    "links",
+    "bandwidth",
+    "loss",
+    "availability",
+    "churn",
+    "churn_rounds",
+    "compute_scale",
+)
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,8 @@ class NetworkModel:
     availability: float = 1.0
     churn: float = 0.0
     churn_rounds: float = 5.0
+    #: per-device multiplier of local compute time, drawn once per client (``device_scale``)
+    compute_scale: Latency = field(default_factory=lambda: Latency.constant(1.0))
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _links: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _own_presence: Presence = field(default_factory=Presence, init=False, repr=False, compare=False)
@@ -241,7 +254,15 @@ class NetworkModel:
                 kw[key] = _number(d, key, prefix, hi=hi, hi_open=hi_open)
         if "churn_rounds" in d:
             kw["churn_rounds"] = _number(d, "churn_rounds", prefix, lo=1.0)
+        if "compute_scale" in d:
+            kw["compute_scale"] = Latency.from_dict(d["compute_scale"], f"{prefix}.compute_scale")
         return cls(**kw)
+
+    # ------------------------------------------------------------------ devices
+
+    def device_scale(self, rng: np.random.Generator) -> float:
+        """One client's compute-time multiplier (slow devices > 1), from its own stream."""
+        return self.compute_scale.sample(rng)
 
     # ------------------------------------------------------------------ messages
 
