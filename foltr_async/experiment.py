@@ -127,6 +127,21 @@ def conclusions(results: dict) -> list[str]:
             f"Unlearning {verdict}: {name} {value:.4f} vs {before} {finals[before]:.4f} and "
             f"{ref} {finals[ref]:.4f} ({share:.0%} of the gap closed{test})."
         )
+    for name, v in variants.items():
+        runs = [(r.get("privacy") or {}).get("run") for r in v.get("repeats", [])]
+        runs = [r for r in runs if r and r.get("basic") is not None]
+        if runs:
+            mean = {
+                k: float(np.mean([r[k] for r in runs]))
+                for k in ("basic", "rdp", "pld", "pld_sampled")
+                if all(r.get(k) is not None for r in runs)
+            }
+            delta = v["repeats"][0]["privacy"]["delta"]
+            lines.append(
+                f"Privacy of {name} (worst client, delta={delta:g}): epsilon "
+                + ", ".join(f"{k.replace('_', ' ')} {x:.3g}" for k, x in mean.items())
+                + "."
+            )
     same = results.get("equal_time")
     if same:
         at = ", ".join(f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"])

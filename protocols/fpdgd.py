@@ -37,6 +37,7 @@ from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import MIN_BATCH, LinearJob, train_linear_batch
 from foltr_async.ltr.rankers import LinearRanker
+from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Str, register_kind
@@ -65,6 +66,9 @@ PARAMS = {
     "sensitivity": Field(float, 5.0, "DP sensitivity Delta", min=1e-9),
     "clip": Field(
         str, "half", "clip norm: Delta/2 (paper) or Delta (authors' code)", choices=("half", "full")
+    ),
+    "accounting_delta": Field(
+        float, 1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
     ),
     "store_every": Field(int, 10, "unlearning: clients store their update every N rounds", min=1),
     "calibration_steps": Field(int, 2, "unlearning: local interactions n' per calibration", min=1),
@@ -341,6 +345,8 @@ class FPDGD(ProtocolRun):
         self.strategy = FPDGDStrategy(ctx)
         self.leavers: dict[str, int] = {}  # client id -> round of its request
         self.cost: dict = {}
+        self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
+        self.last_round = 0
 
     def attach_server(self, server) -> None:
         self.server = server
@@ -356,6 +362,8 @@ class FPDGD(ProtocolRun):
         await agent.leave()  # the leaver never participates again
 
     async def finish(self, server, reports: list) -> None:
+        self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
+        self.last_round = reports[-1].round if reports else 0
         if not self.leavers:
             return
         p, fed = self.ctx.params, self.ctx.cfg["federation"]
@@ -405,8 +413,24 @@ class FPDGD(ProtocolRun):
                 "noise": "sum over clients of Gamma(1/|C|, Delta/epsilon) differences = "
                 "Laplace(Delta/epsilon) per coordinate",
                 "epsilon_basic_composition": p["epsilon"] * fed["rounds"],
+                **self.accounting(),
             },
         }
+
+    def accounting(self) -> dict:
+        """Each client's epsilon over the rounds whose aggregate included it (the guarantee is
+        of the round's aggregate: Laplace(Delta/epsilon) with sensitivity Delta), by basic
+        composition, RDP and PLD, with subsampling amplification when clients miss rounds."""
+        fed, every = self.ctx.cfg["federation"], self.ctx.cfg["evaluation"]["every"]
+        n = fed["clients"] + self.ctx.n_malicious
+        last = self.last_round
+        return account(
+            laplace(self.ctx.params["epsilon"]),
+            self.taken_part,
+            [f"client-{i:04d}" for i in range(n)],
+            [r for r in range(1, last + 1) if r % every == 0 or r == last],
+            self.ctx.params["accounting_delta"],
+        )
 
 
 REGISTRY.add(

@@ -12,6 +12,14 @@ from pathlib import Path
 import numpy as np
 
 LINESTYLES = ("-", "--", ":", "-.")
+#: privacy panel: one line style per accountant (observe/privacy.py keys)
+ACCOUNTANT_STYLES = {
+    "basic": "-",
+    "rdp": ":",
+    "pld": "--",
+    "basic_sampled": "-.",
+    "pld_sampled": (0, (6, 2, 1, 2, 1, 2)),
+}
 
 
 def metric_label(metric: str) -> str:
@@ -62,8 +70,10 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
         title += " (partial)"
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if many:
+    if many and not extra:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    elif many:  # other panels on the right: the legend stays inside
+        ax.legend(loc="best", fontsize="x-small", frameon=False)
     elif curves:
         ax.legend(loc="best", fontsize="small", frameon=False)
     else:
@@ -127,24 +137,34 @@ def _privacy_panel(results: dict):
         return None
 
     def draw(ax) -> None:
+        from matplotlib.lines import Line2D
+
+        used = []
         for i, (name, curve) in enumerate(series):
             color = f"C{i % 10}"
-            for j, (key, values) in enumerate(sorted(curve.items())):
-                if key == "rounds" or not isinstance(values, list):
+            label = name  # colour = variant, line style = accountant (second legend)
+            for key, style in ACCOUNTANT_STYLES.items():
+                values = curve.get(key)
+                if not values:
                     continue
+                used += [key] if key not in used else []
                 ax.plot(
                     curve["rounds"],
-                    values,
-                    LINESTYLES[j % len(LINESTYLES)],
+                    [np.nan if v is None else v for v in values],
+                    linestyle=style,
                     color=color,
                     lw=1.4,
-                    label=f"{name} {key}",
+                    label=label,
                 )
+                label = None
         ax.set_xlabel("round")
-        ax.set_ylabel("epsilon (per client)")
+        ax.set_ylabel("epsilon of the worst client")
         ax.set_yscale("log")
         ax.set_title("privacy loss over rounds")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize="x-small", frameon=False)
+        variants = ax.legend(loc="upper left", fontsize="x-small", frameon=False)
+        ax.add_artist(variants)
+        styles = [Line2D([], [], color="0.3", linestyle=ACCOUNTANT_STYLES[k]) for k in used]
+        ax.legend(styles, used, loc="lower right", fontsize="x-small", frameon=False)
 
     return draw
