@@ -160,7 +160,7 @@ class RunContext:
     def compute_scale(self, agent_id: str) -> float:
         """This client's device multiplier of local compute time (``network.compute_scale``)."""
         network = self.shared("network", lambda: NetworkModel.from_dict(self.cfg["network"]))
-        return network.device_scale(self.rng("device", agent_id))
+        return network.device_scale(agent_id, self.rng("device", agent_id))
 
     def click_model(self, name: str | None = None):
         return cascade(name or self.cfg["clicks"]["model"], self.data.n_grades)
