@@ -143,8 +143,9 @@ class AsyncServerAgent(ServerAgent):
         if self.plan.participation < 1.0:
             share = round_half_up(self.plan.participation * len(online))
             cap = min(cap, max(self.plan.min_clients, share))
-        room = cap - sum(c in self._online for c in self._busy)
-        idle = [c for c in online if c not in self._busy and c not in self._to_send]
+        working = set(self._busy) | set(self._to_send)  # training, or about to get a model
+        room = cap - len(working & self._online)
+        idle = [c for c in online if c not in working]
         if room > 0 and idle:
             if room < len(idle):
                 picked = self.rng.choice(len(idle), size=room, replace=False)
@@ -162,7 +163,6 @@ class AsyncServerAgent(ServerAgent):
         for r in range(first_round, last + 1):
             if self._before_round is not None:
                 await self._before_round(r)
-            self._round = r
             self._period = {"updates": 0, "dispatched": 0, "clients": set(), "staleness": []}
             v0 = self.version
             self._start_period(r)
