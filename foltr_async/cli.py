@@ -118,6 +118,19 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--json-logs", action="store_true", help="machine-readable log lines")
     p.add_argument(
+        "--track",
+        action="append",
+        default=[],
+        choices=("mlflow", "tensorboard"),
+        help="also export every repeat to MLflow (OUT/mlruns) or TensorBoard (OUT/tensorboard); "
+        "needs the tracking extra",
+    )
+    p.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: a file store in OUT/mlruns)",
+    )
+    p.add_argument(
         "--checkpoint-every",
         type=int,
         default=0,
@@ -222,6 +235,14 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
     reporter = make_reporter(quiet=not live)
+    if args.mlflow_uri is not None and "mlflow" not in args.track:
+        raise FoltrError("--mlflow-uri: only with --track mlflow")
+    if args.track:
+        from foltr_async.observe.observer import Observers
+        from foltr_async.observe.tracking import make_trackers
+
+        trackers = make_trackers(args.track, out, scenario.variants, args.mlflow_uri)
+        reporter = Observers([reporter, *trackers])
     remote = _zmq_server(args, scenario, serve, out) if zmq else None
     try:
         with reporter if hasattr(reporter, "__enter__") else _nullcontext():

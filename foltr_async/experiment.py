@@ -140,6 +140,25 @@ def conclusions(results: dict) -> list[str]:
     ]
     adjusted = holm([u["recovery"][1] for u in unlearned])
     lines += [_unlearning_sentence(u, p) for u, p in zip(unlearned, adjusted, strict=True)]
+    for name, v in variants.items():
+        runs = [(r.get("privacy") or {}).get("run") for r in v.get("repeats", [])]
+        runs = [r for r in runs if r and r.get("basic") is not None]
+        if runs:
+            mean = {
+                k: float(np.mean([r[k] for r in runs]))
+                for k in ("basic", "rdp", "pld", "pld_sampled")
+                if all(r.get(k) is not None for r in runs)
+            }
+            delta = v["repeats"][0]["privacy"]["delta"]
+            lines.append(
+                f"Privacy of {name} (worst client, delta={delta:g}): epsilon "
+                + ", ".join(f"{k.replace('_', ' ')} {x:.3g}" for k, x in mean.items())
+                + "."
+            )
+    same = results.get("equal_time")
+    if same:
+        at = ", ".join(f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"])
+        lines.append(f"{METRIC} at equal simulated time {same['time']:.0f} s: {at}.")
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:
             continue

@@ -28,6 +28,7 @@ from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY, AggregatorEntry
 from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
 from foltr_async.runtime.checkpoint import capture, restore
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
@@ -155,6 +156,11 @@ class RunContext:
         r = self.cfg["ranker"]
         kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
         return make_ranker(r["kind"], self.data.train.n_features, rng=self.rng("ranker-init"), **kw)
+
+    def compute_scale(self, agent_id: str) -> float:
+        """This client's device multiplier of local compute time (``network.compute_scale``)."""
+        network = self.shared("network", lambda: NetworkModel.from_dict(self.cfg["network"]))
+        return network.device_scale(agent_id, self.rng("device", agent_id))
 
     def click_model(self, name: str | None = None):
         return cascade(name or self.cfg["clicks"]["model"], self.data.n_grades)
@@ -566,8 +572,9 @@ class Simulation:
             for item in by_round.get(r, []):
                 await self._act(item)
 
-        rounds, curve = [], []
+        rounds, curve, times = [], [], []
         self._rounds, self._curve, self._reports = rounds, curve, []
+        self._times = times
 
         live_table = len(self.agents) <= 200  # per-agent updates only where a table can show them
 
@@ -603,6 +610,7 @@ class Simulation:
             if report.metrics is not None:
                 rounds.append(report.round)
                 curve.append(report.metrics)
+                times.append(loop.time() - sim0)
             self.observer.round_done(
                 self.variant,
                 self.repeat,
@@ -624,7 +632,13 @@ class Simulation:
                 await self._save(report.round, loop.time(), sim0, time.perf_counter() - wall0)
 
         every = self.checkpoint.every if self.checkpoint is not None else 0
-        self.server = ServerAgent(
+        asynchronous = isinstance(proto.strategy, AsyncStrategy)
+        if asynchronous and self.checkpoint is not None:
+            raise ScenarioError(
+                f"federation.protocol: {fed['protocol']!r} is asynchronous: expected no "
+                "checkpoints (--checkpoint-every / --resume), its updates are always in flight"
+            )
+        self.server = (AsyncServerAgent if asynchronous else ServerAgent)(
             self.bus,
             proto.strategy,
             plan,
@@ -683,6 +697,7 @@ class Simulation:
             "seed": self.seed,
             "rounds": rounds,
             "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
+            "sim_times": times,  # simulated seconds at each evaluation
             "online": self.probe.online(),
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
@@ -691,6 +706,9 @@ class Simulation:
             "sim_s": loop.time() - sim0,
         }
         result.update(proto.report())
+        if asynchronous:
+            result["staleness"] = staleness_summary(self.server.staleness)
+            result["versions"] = self.server.version
         if self.ctx.partition is not None:
             result["partition"] = self.ctx.partition.facts
         if self.secure is not None:
@@ -765,6 +783,7 @@ class Simulation:
             "wall": wall,
             "rounds": list(self._rounds),
             "curve": list(self._curve),
+            "times": list(self._times),
             "reports": list(self._reports),
             "agents": self.capture_agents(local),
             "remote": remote,
@@ -793,6 +812,7 @@ class Simulation:
         self.probe.add_records(saved["shown"])
         self._rounds[:] = saved["rounds"]
         self._curve[:] = saved["curve"]
+        self._times[:] = saved["times"]
         self._reports[:] = saved["reports"]
         for aid, agent in self.agents.items():  # a proxy's count comes from the round reports
             if getattr(agent, "remote", False):

@@ -12,6 +12,7 @@ from protocols import (  # noqa: F401  (registration on import)
     fedips,
     foltr_es,
     fpdgd,
+    fpdgd_async,
     noniid,
     pdgd_central,
     secagg,

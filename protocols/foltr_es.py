@@ -28,6 +28,7 @@ from foltr_async.ltr.metrics import dcg_at_k, maxrr
 from foltr_async.ltr.pdgd_batch import MIN_BATCH
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.ltr.serve_batch import serve_linear
+from foltr_async.observe.privacy import account, randomised_response
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
@@ -60,6 +61,9 @@ PARAMS = {
     ),
     "antithetic": Field(bool, True, "serve half the queries with theta - e"),
     "metric": Field(str, "maxrr", "click metric", choices=("maxrr", "dcg")),
+    "accounting_delta": Field(
+        float, 1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
+    ),
 }
 
 
@@ -343,16 +347,39 @@ class FOLtRES(ProtocolRun):
             )
         self.ctx = ctx
         self.strategy = ESStrategy(ctx)
+        self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
+        self.last_round = 0
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return ESClient(agent_id, self.ctx, queries, rng)
 
+    async def finish(self, server, reports: list) -> None:
+        self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
+        self.last_round = reports[-1].round if reports else 0
+
     def report(self) -> dict:
         p = self.ctx.params["p"]
         eps = epsilon_bound(p)
-        return {
-            "privacy": {"p": p, "levels": len(LEVELS), "epsilon": None if math.isinf(eps) else eps}
-        }
+        privacy = {"p": p, "levels": len(LEVELS), "epsilon": None if math.isinf(eps) else eps}
+        if p < 1.0:
+            privacy.update(self.accounting())
+        return {"privacy": privacy}
+
+    def accounting(self) -> dict:
+        """Each client's local-DP epsilon over its randomised-response releases (m+ and, with
+        antithetic variates, m-: two per round taken part in), by basic composition, RDP, PLD."""
+        cfg, p = self.ctx.cfg, self.ctx.params
+        n = cfg["federation"]["clients"] + self.ctx.n_malicious
+        per_round = 2 if p["antithetic"] and cfg["federation"]["queries_per_client"] >= 2 else 1
+        every, last = cfg["evaluation"]["every"], self.last_round
+        return account(
+            randomised_response(p["p"], len(LEVELS)),
+            self.taken_part,
+            [f"client-{i:04d}" for i in range(n)],
+            [r for r in range(1, last + 1) if r % every == 0 or r == last],
+            p["accounting_delta"],
+            releases_per_round=per_round,
+        )
 
 
 REGISTRY.add(

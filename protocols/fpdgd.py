@@ -37,6 +37,7 @@ from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import MIN_BATCH, LinearJob, train_linear_batch
 from foltr_async.ltr.rankers import LinearRanker
+from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Str, register_kind
@@ -65,6 +66,9 @@ PARAMS = {
     "sensitivity": Field(float, 5.0, "DP sensitivity Delta", min=1e-9),
     "clip": Field(
         str, "half", "clip norm: Delta/2 (paper) or Delta (authors' code)", choices=("half", "full")
+    ),
+    "accounting_delta": Field(
+        float, 1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
     ),
     "store_every": Field(int, 10, "unlearning: clients store their update every N rounds", min=1),
     "calibration_steps": Field(int, 2, "unlearning: local interactions n' per calibration", min=1),
@@ -117,9 +121,10 @@ class LocalLearner:
         )
         self.rng = rng
         self.lr = p["lr"]
-        self.dp = p["dp"]
-        self.bound = p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0)
-        self.noise_scale = p["sensitivity"] / p["epsilon"]
+        self.dp = p.get("dp", False)  # asynchronous FPDGD has no DP parameters
+        if self.dp:
+            self.bound = p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0)
+            self.noise_scale = p["sensitivity"] / p["epsilon"]
         self.n_clients = ctx.cfg["federation"]["clients"] + ctx.n_malicious
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:
@@ -175,10 +180,11 @@ class FPDGDClient(Agent):
         super().__init__(agent_id, ctx.bus)
         self.learner = LocalLearner(ctx, queries, rng, click_model, agent_id)
         self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
-        self.store_every = ctx.params["store_every"]
-        self.calibration_steps = ctx.params["calibration_steps"]
+        self.store_every = ctx.params.get("store_every")
+        self.calibration_steps = ctx.params.get("calibration_steps")
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
-        self.compute_time = ctx.params["compute_time"]
+        # this device's time per interaction: the protocol's, scaled by the system model
+        self.compute_time = ctx.params["compute_time"] * ctx.compute_scale(agent_id)
         linear = isinstance(self.learner.ranker, LinearRanker)
         self.pool = train_pool(ctx) if linear else None
 
@@ -340,6 +346,8 @@ class FPDGD(ProtocolRun):
         self.strategy = FPDGDStrategy(ctx)
         self.leavers: dict[str, int] = {}  # client id -> round of its request
         self.cost: dict = {}
+        self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
+        self.last_round = 0
 
     def attach_server(self, server) -> None:
         self.server = server
@@ -355,6 +363,8 @@ class FPDGD(ProtocolRun):
         await agent.leave()  # the leaver never participates again
 
     async def finish(self, server, reports: list) -> None:
+        self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
+        self.last_round = reports[-1].round if reports else 0
         if not self.leavers:
             return
         p, fed = self.ctx.params, self.ctx.cfg["federation"]
@@ -404,8 +414,24 @@ class FPDGD(ProtocolRun):
                 "noise": "sum over clients of Gamma(1/|C|, Delta/epsilon) differences = "
                 "Laplace(Delta/epsilon) per coordinate",
                 "epsilon_basic_composition": p["epsilon"] * fed["rounds"],
+                **self.accounting(),
             },
         }
+
+    def accounting(self) -> dict:
+        """Each client's epsilon over the rounds whose aggregate included it (the guarantee is
+        of the round's aggregate: Laplace(Delta/epsilon) with sensitivity Delta), by basic
+        composition, RDP and PLD, with subsampling amplification when clients miss rounds."""
+        fed, every = self.ctx.cfg["federation"], self.ctx.cfg["evaluation"]["every"]
+        n = fed["clients"] + self.ctx.n_malicious
+        last = self.last_round
+        return account(
+            laplace(self.ctx.params["epsilon"]),
+            self.taken_part,
+            [f"client-{i:04d}" for i in range(n)],
+            [r for r in range(1, last + 1) if r % every == 0 or r == last],
+            self.ctx.params["accounting_delta"],
+        )
 
 
 REGISTRY.add(

@@ -12,6 +12,14 @@ from pathlib import Path
 import numpy as np
 
 LINESTYLES = ("-", "--", ":", "-.")
+#: privacy panel: one line style per accountant (observe/privacy.py keys)
+ACCOUNTANT_STYLES = {
+    "basic": "-",
+    "rdp": ":",
+    "pld": "--",
+    "basic_sampled": "-.",
+    "pld_sampled": (0, (6, 2, 1, 2, 1, 2)),
+}
 
 
 def metric_label(metric: str) -> str:
@@ -66,9 +74,11 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
             curves.append((name, len(entry.get("repeats", [])), cur))
     idle = results.get("nothing_learned") or {}
     many = len(curves) > 4  # legend beside the axes, lighter bands: curves stay readable
-    fig = Figure(figsize=(9.5 if many else 7.5, 4.5), dpi=110)
+    extra = [p for p in (_time_panel(results), _privacy_panel(results)) if p is not None]
+    width = (9.5 if many else 7.5) + 5.0 * len(extra)
+    fig = Figure(figsize=(width, 4.5), dpi=110)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_subplot(1, 1 + len(extra), 1)
     for i, (name, n_rep, cur) in enumerate(curves):
         rounds = np.asarray(cur["rounds"], dtype=float)
         mean = np.array([np.nan if v is None else v for v in cur["mean"]], dtype=float)
@@ -92,18 +102,25 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
         title += " (partial)"
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if many:
+    if many and not extra:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    elif many:  # other panels on the right: the legend stays inside
+        ax.legend(loc="best", fontsize="x-small", frameon=False)
     elif curves:
         ax.legend(loc="best", fontsize="small", frameon=False)
     else:
         ax.text(
             0.5, 0.5, "no evaluated rounds yet", ha="center", va="center", transform=ax.transAxes
         )
+    for i, draw in enumerate(extra):
+        draw(fig.add_subplot(1, 1 + len(extra), 2 + i))
     # fixed margins instead of tight_layout: one draw, not two
-    fig.subplots_adjust(
-        left=0.08 if many else 0.1, right=0.74 if many else 0.97, bottom=0.12, top=0.92
-    )
+    if extra:
+        fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.92, wspace=0.3)
+    else:
+        fig.subplots_adjust(
+            left=0.08 if many else 0.1, right=0.74 if many else 0.97, bottom=0.12, top=0.92
+        )
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -112,3 +129,74 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _time_panel(results: dict):
+    """Offline metric against simulated time, drawn when a variant ran asynchronously (its
+    evaluations are not at the same times as a round-based variant's), else None."""
+    variants = results.get("variants", {})
+    if not any("staleness" in rep for v in variants.values() for rep in v.get("repeats", [])):
+        return None
+    metric = results.get("metric", "ndcg@10")
+
+    def draw(ax) -> None:
+        for name, entry in variants.items():
+            reps = [r for r in entry.get("repeats", []) if (r.get("offline") or {}).get(metric)]
+            n = min((len(r.get("sim_times") or []) for r in reps), default=0)
+            if n == 0:
+                continue
+            times = np.mean([r["sim_times"][:n] for r in reps], axis=0)
+            values = np.mean([r["offline"][metric][:n] for r in reps], axis=0)
+            ax.plot(times, values, lw=1.6, label=name)
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel(f"offline {metric_label(metric)}")
+        ax.set_title("against simulated time")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small", frameon=False)
+
+    return draw
+
+
+def _privacy_panel(results: dict):
+    """Each variant's privacy loss (epsilon) over rounds by accountant, when reported."""
+    series = []
+    for name, entry in results.get("variants", {}).items():
+        reps = entry.get("repeats") or []
+        curve = ((reps[0].get("privacy") or {}).get("curve") or {}) if reps else {}
+        if curve.get("rounds"):
+            series.append((name, curve))
+    if not series:
+        return None
+
+    def draw(ax) -> None:
+        from matplotlib.lines import Line2D
+
+        used = []
+        for i, (name, curve) in enumerate(series):
+            color = f"C{i % 10}"
+            label = name  # colour = variant, line style = accountant (second legend)
+            for key, style in ACCOUNTANT_STYLES.items():
+                values = curve.get(key)
+                if not values:
+                    continue
+                used += [key] if key not in used else []
+                ax.plot(
+                    curve["rounds"],
+                    [np.nan if v is None else v for v in values],
+                    linestyle=style,
+                    color=color,
+                    lw=1.4,
+                    label=label,
+                )
+                label = None
+        ax.set_xlabel("round")
+        ax.set_ylabel("epsilon of the worst client")
+        ax.set_yscale("log")
+        ax.set_title("privacy loss over rounds")
+        ax.grid(True, alpha=0.3)
+        variants = ax.legend(loc="upper left", fontsize="x-small", frameon=False)
+        ax.add_artist(variants)
+        styles = [Line2D([], [], color="0.3", linestyle=ACCOUNTANT_STYLES[k]) for k in used]
+        ax.legend(styles, used, loc="lower right", fontsize="x-small", frameon=False)
+
+    return draw

@@ -26,6 +26,7 @@ from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
 from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, summarise
+from foltr_async.observe.timecurve import at_common_time, is_timed
 
 _log = structlog.get_logger("foltr_async.observe.results")
 
@@ -45,6 +46,7 @@ _OWN_KEYS = (
     "conclusions",
     "complete",
     "nothing_learned",
+    "equal_time",
 )
 
 NO_RELEVANT = {
@@ -419,6 +421,8 @@ class ResultsWriter(Observer):
             "complete": self._complete,
             "nothing_learned": nothing_learned(variants),
         }
+        if is_timed(variants):  # asynchronous variants: compare at equal simulated time
+            res["equal_time"] = at_common_time(variants, self.metric)
         res.update(self._extra)
         return jsonable(res)
 

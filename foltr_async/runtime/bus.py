@@ -278,8 +278,12 @@ class MemoryBus(Bus):
 
     def begin_round(self, round: int, agent_ids: Sequence[str]) -> set[str]:
         ids = set(agent_ids)
+        try:
+            now = asyncio.get_running_loop().time()  # diurnal / trace availability
+        except RuntimeError:
+            now = 0.0
         online = self.network.online(
-            ids, round, self._rng_presence, state=self._presence, roles=self._roles
+            ids, round, self._rng_presence, state=self._presence, roles=self._roles, now=now
         )
         self._offline = ids - online
         self.round = round

@@ -198,6 +198,8 @@ class ServerAgent(Agent):
                         await self._all_in.wait()
                 except TimeoutError:
                     pass
+            else:  # nobody to ask: the round still lasts its deadline (availability may change)
+                await asyncio.sleep(self.plan.deadline)
             replies = [self._replies[k] for k in sorted(self._replies)]
             contributors = [e.src for e in replies]
             self._expected = set()

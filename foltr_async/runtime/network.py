@@ -10,6 +10,18 @@ Model, exactly:
 - loss: each message is lost independently with probability ``loss`` (drawn before latency).
 - availability: in every round each client is online independently with probability
   ``availability`` (transient dropout, no memory).
+- devices: each client's local compute time is the protocol's times a multiplier drawn once
+  per client from ``compute_scale`` (a distribution like ``latency``; default 1: equal devices).
+- availability models (``availability_model``): ``"bernoulli"`` as above; ``"diurnal"``: client i
+  is online with probability ``availability * (1 + amplitude * sin(2 pi (t / day + phase_i)))``
+  (clipped to [0, 1]) at simulated time t, phases drawn once per client uniformly in
+  ``[0, spread)`` (time zones; FLGo's sinusoidal availability, and the day-night cycle FedScale's
+  and Yang et al.'s (WWW 2021) smartphone traces show); ``"trace"``: the ``trace`` file says
+  (FedScale on/off windows at time t, or FLGo's per-client Markov chain stepped once per
+  round), and ``availability`` < 1 adds independent transient dropout on top.
+- traces (``trace``): per-client compute-time factors, bandwidths and availability from a
+  FedScale or FLGo trace (``foltr_async.runtime.traces``); the trace factor multiplies the
+  ``compute_scale`` draw, and a link runs at the slower end's bandwidth.
 - churn: at the start of every round, a client that is not already away leaves with
   probability ``churn`` and stays away for K rounds including this one,
   K ~ Geometric(1 / churn_rounds) on {1, 2, ...} (mean ``churn_rounds``). A client is online
@@ -35,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.runtime.traces import Trace, load_trace
 
 __all__ = ["Latency", "NetworkModel", "Presence", "role_of"]
 
@@ -162,15 +175,58 @@ def _sides(agent_id: str, role: str | None) -> list[tuple[str, int]]:
 
 
 class Presence:
-    """Per-run availability state: until which round each churned client stays away."""
+    """Per-run availability state: until which round each churned client stays away, diurnal
+    phases and Markov (trace) states of the clients seen so far."""
 
-    __slots__ = ("away_until",)
+    __slots__ = ("away_until", "phase", "up")
 
     def __init__(self) -> None:
         self.away_until: dict[str, int] = {}
+        self.phase: dict[str, float] = {}
+        self.up: dict[str, bool] = {}
 
 
-_KEYS = ("latency", "links", "bandwidth", "loss", "availability", "churn", "churn_rounds")
+@dataclass(frozen=True)
+class Diurnal:
+    """Day-night availability: relative amplitude, day length (s), spread of the phases."""
+
+    amplitude: float = 0.5
+    day: float = 86400.0
+    spread: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str) -> Diurnal:
+        if not isinstance(d, Mapping):
+            raise _fail(path, "a table {amplitude, day, spread}", d)
+        for key in d:
+            if key not in ("amplitude", "day", "spread"):
+                raise _fail(f"{path}.{key}", "one of the diurnal keys: amplitude, day, spread")
+        kw = {}
+        if "amplitude" in d:
+            kw["amplitude"] = _number(d, "amplitude", path, hi=1.0)
+        if "day" in d:
+            kw["day"] = _number(d, "day", path, lo_open=True)
+        if "spread" in d:
+            kw["spread"] = _number(d, "spread", path, hi=1.0)
+        return cls(**kw)
+
+
+AVAILABILITY_MODELS = ("bernoulli", "diurnal", "trace")
+
+
+_KEYS = (
+    "latency",
+    "links",
+    "bandwidth",
+    "loss",
+    "availability",
+    "churn",
+    "churn_rounds",
+    "compute_scale",
+    "trace",
+    "availability_model",
+    "diurnal",
+)
 
 
 @dataclass(frozen=True)
@@ -184,6 +240,11 @@ class NetworkModel:
     availability: float = 1.0
     churn: float = 0.0
     churn_rounds: float = 5.0
+    #: per-device multiplier of local compute time, drawn once per client (``device_scale``)
+    compute_scale: Latency = field(default_factory=lambda: Latency.constant(1.0))
+    trace: Trace | None = None
+    availability_model: str = "bernoulli"
+    diurnal: Diurnal = field(default_factory=Diurnal)
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _links: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _own_presence: Presence = field(default_factory=Presence, init=False, repr=False, compare=False)
@@ -241,7 +302,47 @@ class NetworkModel:
                 kw[key] = _number(d, key, prefix, hi=hi, hi_open=hi_open)
         if "churn_rounds" in d:
             kw["churn_rounds"] = _number(d, "churn_rounds", prefix, lo=1.0)
+        if "compute_scale" in d:
+            kw["compute_scale"] = Latency.from_dict(d["compute_scale"], f"{prefix}.compute_scale")
+        if "trace" in d:
+            if not isinstance(d["trace"], str):
+                raise _fail(f"{prefix}.trace", "a path to a FedScale or FLGo trace", d["trace"])
+            kw["trace"] = load_trace(d["trace"])
+        model = d.get("availability_model", "bernoulli")
+        if model not in AVAILABILITY_MODELS:
+            raise _fail(
+                f"{prefix}.availability_model", "one of " + ", ".join(AVAILABILITY_MODELS), model
+            )
+        if model == "trace" and (kw.get("trace") is None or not kw["trace"].has_availability):
+            raise _fail(
+                f"{prefix}.availability_model",
+                '"trace" only with a network.trace that has availability (behaviour or FLGo)',
+                model,
+            )
+        kw["availability_model"] = model
+        if "diurnal" in d:
+            kw["diurnal"] = Diurnal.from_dict(d["diurnal"], f"{prefix}.diurnal")
         return cls(**kw)
+
+    # ------------------------------------------------------------------ devices
+
+    def device_scale(self, agent_id: str, rng: np.random.Generator) -> float:
+        """One client's compute-time multiplier (slow devices > 1): its trace factor times a
+        ``compute_scale`` draw from its own stream."""
+        own = self.trace.of(agent_id) if self.trace is not None else None
+        factor = own.compute_factor if own is not None and own.compute_factor is not None else 1.0
+        return factor * self.compute_scale.sample(rng)
+
+    def _bandwidth(self, agent_id: str) -> float | None:
+        own = self.trace.of(agent_id) if self.trace is not None else None
+        return own.bandwidth if own is not None and own.bandwidth is not None else self.bandwidth
+
+    def link_bandwidth(self, src: str, dst: str) -> float | None:
+        """Bytes per second of src -> dst: the slower end's (None: no bandwidth limit)."""
+        if self.trace is None:
+            return self.bandwidth
+        known = [b for b in (self._bandwidth(src), self._bandwidth(dst)) if b is not None]
+        return min(known) if known else None
 
     # ------------------------------------------------------------------ messages
 
@@ -281,8 +382,9 @@ class NetworkModel:
         t = self.link_latency(src, dst, src_role, dst_role).sample(rng)
         if lost:
             return None
-        if self.bandwidth is not None:
-            t += nbytes / self.bandwidth
+        bandwidth = self.link_bandwidth(src, dst)
+        if bandwidth is not None:
+            t += nbytes / bandwidth
         return t
 
     def transit_times(
@@ -315,7 +417,10 @@ class NetworkModel:
                 groups.setdefault(id(lat), (lat, []))[1].append(i)
             for lat, idx in groups.values():
                 out[idx] = lat.sample_many(rng, len(idx))
-        if self.bandwidth is not None:
+        if self.trace is not None:
+            bws = [self.link_bandwidth(src, d) for d in dsts]
+            out += nbytes / np.array([math.inf if b is None else b for b in bws])
+        elif self.bandwidth is not None:
             out += nbytes / self.bandwidth
         if lost is not None:
             out[lost] = np.nan
@@ -331,13 +436,17 @@ class NetworkModel:
         *,
         state: Presence | None = None,
         roles: Mapping[str, str] | None = None,
+        now: float = 0.0,
     ) -> set[str]:
         """Who is online in ``round`` (call once per round). Servers are always online.
 
         Draws (ids sorted, servers excluded): one churn uniform per client not away, then one
         geometric away-length per churned client, then one availability uniform per client.
         ``state`` carries churn across rounds; the bus passes its own so one model can serve
-        many runs (without it the model keeps a private state).
+        many runs (without it the model keeps a private state). ``now``: simulated seconds, for
+        the diurnal and trace models. Diurnal: first one phase uniform per client not seen
+        before (sorted), then its availability uniforms. Trace (Markov): a client's first step
+        draws its start from the stationary distribution, every step one uniform.
         """
         state = self._own_presence if state is None else state
         roles = roles or {}
@@ -354,6 +463,43 @@ class NetworkModel:
                 for i, rounds in zip(leave.tolist(), k.tolist(), strict=True):
                     away[clients[i]] = round + rounds
                 present[leave] = False
-        if self.availability < 1.0:
+        if self.availability_model == "diurnal":
+            present &= self._diurnal(clients, state, rng, now)
+        elif self.availability_model == "trace":
+            present &= self._traced(clients, state, rng, now)
+            if self.availability < 1.0:
+                present &= rng.random(len(clients)) < self.availability
+        elif self.availability < 1.0:
             present &= rng.random(len(clients)) < self.availability
         return servers | {a for a, ok in zip(clients, present.tolist(), strict=True) if ok}
+
+    def _diurnal(
+        self, clients: list[str], state: Presence, rng: np.random.Generator, now: float
+    ) -> np.ndarray:
+        d = self.diurnal
+        new = [a for a in clients if a not in state.phase]
+        if new:
+            for a, u in zip(new, rng.random(len(new)).tolist(), strict=True):
+                state.phase[a] = d.spread * u
+        phase = np.array([state.phase[a] for a in clients])
+        p = self.availability * (1.0 + d.amplitude * np.sin(2 * np.pi * (now / d.day + phase)))
+        return rng.random(len(clients)) < np.clip(p, 0.0, 1.0)
+
+    def _traced(
+        self, clients: list[str], state: Presence, rng: np.random.Generator, now: float
+    ) -> np.ndarray:
+        out = np.ones(len(clients), dtype=bool)
+        for i, a in enumerate(clients):
+            own = self.trace.of(a)
+            if own is None:
+                continue
+            if own.intervals is not None:
+                out[i] = own.online_at(now)
+            elif own.p_on is not None:
+                u = float(rng.random())
+                if a not in state.up:  # start from the chain's stationary distribution
+                    state.up[a] = u < own.p_on / (own.p_on + own.p_off)
+                else:
+                    state.up[a] = u >= own.p_off if state.up[a] else u < own.p_on
+                out[i] = state.up[a]
+        return out

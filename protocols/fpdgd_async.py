@@ -1,0 +1,149 @@
+"""Asynchronous FPDGD: the server folds client updates in as they arrive (FedAsync, FedBuff).
+
+Clients are FPDGD clients (``protocols.fpdgd``): on receiving a model they run B PDGD
+interactions with their own users, ``B * compute_time * device scale`` simulated seconds, and
+send their weights back; the server hands them the newest model at once (the loop is
+``foltr_async.runtime.async_engine``), so a client keeps serving its users with the model it
+holds while slower clients are still training. Staleness ``tau`` = server version at arrival -
+version the client started from.
+
+- FedAsync (Xie, Koyejo and Gupta 2019, "Asynchronous Federated Optimization"):
+  ``w <- (1 - a) w + a w_client`` with ``a = alpha * s(tau)``; every update is a new version.
+- FedBuff (Nguyen et al., AISTATS 2022, "Federated Learning with Buffered Asynchronous
+  Aggregation"): the server buffers client deltas ``w_client - w_sent`` and, once it holds K,
+  steps ``w <- w + eta_g * (1/K) sum s(tau_i) delta_i`` (one new version per K updates).
+
+Staleness functions s (FedAsync's): constant 1; polynomial ``(1 + tau)^-a`` (a = 0.5 is
+FedBuff's ``1/sqrt(1 + tau)``); hinge ``1`` if ``tau <= b`` else ``1 / (a (tau - b) + 1)``.
+No differential privacy here: FPDGD's Gamma-split noise sums to Laplace only over a round's
+clients, which an asynchronous server never has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from foltr_async.errors import ScenarioError
+from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.runtime.agent import Agent, handles
+from foltr_async.runtime.async_engine import AsyncStrategy
+from foltr_async.scenario.fields import Field
+from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
+from protocols.fpdgd import PARAMS as FPDGD_PARAMS
+
+PARAMS = {
+    "lr": FPDGD_PARAMS["lr"],
+    "compute_time": Field(
+        float, 1.0, "simulated seconds of local training per interaction (> 0)", min=0.0
+    ),
+    "mode": Field(str, "fedasync", "server rule", choices=("fedasync", "fedbuff")),
+    "alpha": Field(float, 0.6, "FedAsync mixing weight", min=0.0, max=1.0),
+    "staleness": Field(
+        str, "polynomial", "staleness function s", choices=("constant", "polynomial", "hinge")
+    ),
+    "staleness_a": Field(float, 0.5, "a of the polynomial / hinge staleness function", min=0.0),
+    "staleness_b": Field(float, 4.0, "b of the hinge staleness function", min=0.0),
+    "buffer": Field(int, 10, "FedBuff: updates per server step (K)", min=1),
+    "server_lr": Field(float, 1.0, "FedBuff: server learning rate eta_g", min=0.0),
+    "period": Field(float, 10.0, "simulated seconds per reporting period (one round)", min=1e-9),
+}
+
+
+def staleness_weight(kind: str, tau: int, a: float, b: float) -> float:
+    """s(tau) of FedAsync: constant, polynomial (1 + tau)^-a, or hinge with a, b."""
+    if kind == "constant":
+        return 1.0
+    if kind == "polynomial":
+        return float((1.0 + tau) ** -a)
+    return 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
+
+
+class AsyncFPDGDStrategy(AsyncStrategy):
+    """FedAsync or FedBuff over FPDGD clients' weights."""
+
+    broadcast_kind = MODEL
+    reply_kind = UPDATE
+
+    def __init__(self, ctx: RunContext) -> None:
+        p = ctx.params
+        self.ctx = ctx
+        self.mode = p["mode"]
+        self.alpha = p["alpha"]
+        self.s = (p["staleness"], p["staleness_a"], p["staleness_b"])
+        self.k = p["buffer"]
+        self.server_lr = p["server_lr"]
+        self.period = p["period"]
+        self.ranker = ctx.new_ranker()
+        self.model = self.ranker.get_params()
+        self.sent: dict[str, np.ndarray] = {}  # client -> the model it trains from (FedBuff)
+        self.buffer: list[np.ndarray] = []
+
+    def configure(self, clients: list[str], version: int) -> dict:
+        if self.mode == "fedbuff":
+            for c in clients:
+                self.sent[c] = self.model  # never mutated in place: replaced on every step
+        return {"params": self.model}
+
+    def apply(self, reply, staleness: int) -> bool:
+        theta = reply.body["params"]
+        weight = staleness_weight(self.s[0], staleness, *self.s[1:])
+        if self.mode == "fedasync":
+            a = self.alpha * weight
+            self.model = (1.0 - a) * self.model + a * theta
+            return True
+        self.buffer.append(weight * (theta - self.sent.pop(reply.src)))
+        if len(self.buffer) < self.k:
+            return False
+        self.model = self.model + self.server_lr * np.mean(self.buffer, axis=0)
+        self.buffer = []
+        return True
+
+    def evaluate(self) -> dict[str, float]:
+        self.ranker.set_params(self.model)
+        return self.ctx.evaluate(self.ranker)
+
+
+class AsyncFPDGDClient(FPDGDClient):
+    """An FPDGD client that trains on every model it is handed (no unlearning store)."""
+
+    @handles(MODEL)
+    async def on_model(self, env) -> None:
+        start = env.body["params"]
+        self.learner.users.round = env.round
+        theta = await self.local_train(start, self.batch)
+        self.send(env.src, UPDATE, {"params": theta, "n_interactions": self.batch}, env.round)
+
+
+class AsyncFPDGD(ProtocolRun):
+    partitions = True
+
+    def __init__(self, ctx: RunContext) -> None:
+        if ctx.params["compute_time"] <= 0.0:
+            raise ScenarioError(
+                "federation.params.compute_time: expected a number > 0 for asynchronous FPDGD "
+                "(each training must take simulated time), got 0.0"
+            )
+        if ctx.cfg["federation"].get("secure_aggregation"):
+            raise ScenarioError(
+                "federation.secure_aggregation: expected false for asynchronous FPDGD "
+                "(there is no round of updates to mask together)"
+            )
+        self.ctx = ctx
+        self.strategy = AsyncFPDGDStrategy(ctx)
+
+    def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
+        return AsyncFPDGDClient(agent_id, self.ctx, queries, rng)
+
+    def report(self) -> dict:
+        return {"async": {"mode": self.strategy.mode}}
+
+
+REGISTRY.add(
+    ProtocolEntry(
+        "fpdgd_async",
+        "asynchronous FPDGD: FedAsync (staleness-weighted mixing) or FedBuff (buffer of K)",
+        PARAMS,
+        AsyncFPDGD,
+    )
+)
