@@ -148,3 +148,11 @@ def test_trace_compute_factors_set_each_clients_training_time(tmp_path):
     sim.build()
     times = [sim.agents[f"client-{i:04d}"].compute_time for i in range(4)]
     assert times == [2.0 * 1.5 * f for f in (1.0, 4.0, 0.5, 1.0)]
+
+
+def test_a_relative_trace_path_is_also_read_from_the_scenario_folder(tmp_path):
+    write(tmp_path, "t.json", FEDSCALE)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[federation]\nprotocol = "fpdgd"\n[network]\ntrace = "t.json"\n')
+    cfg = load_scenario(scenario).variants["default"]
+    assert cfg["network"]["trace"] == str(tmp_path / "t.json")

@@ -110,8 +110,20 @@ class AsyncServerAgent(ServerAgent):
         p["staleness"].append(staleness)
         if self.strategy.apply(env, staleness):
             self.version += 1
-        if env.src in self._online:  # still online and a member this period: keeps training
-            self._dispatch([env.src])
+        self._refill(env.src)
+
+    def _refill(self, freed: str) -> None:
+        """The finished client's slot goes to a uniformly drawn idle online client, itself among
+        them (FedBuff keeps its concurrency by sampling anew); with full participation every
+        online client is working, so it is the finished one, if still online."""
+        if self.plan.participation >= 1.0:
+            if freed in self._online:
+                self._dispatch([freed])
+            return
+        working = set(self._busy) | set(self._to_send)
+        idle = [c for c in sorted(self._online) if c not in working]
+        if idle:
+            self._dispatch([idle[int(self.rng.integers(len(idle)))]])
 
     def _dispatch(self, clients: list[str]) -> None:
         """Give these clients the newest model at the end of this simulated instant."""

@@ -222,7 +222,9 @@ def load_trace(path: str) -> Trace:
     try:
         mtime = p.stat().st_mtime
     except OSError:
-        raise _fail(path, "no such file (relative paths are from the current folder)") from None
+        raise _fail(
+            path, "no such file (relative paths: from the current folder or the scenario's)"
+        ) from None
     try:
         return _load(str(p), mtime)
     except (OSError, UnicodeDecodeError) as e:

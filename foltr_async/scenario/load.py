@@ -177,6 +177,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         _deep_merge(merged, over)
         for keys, value in sets:
             _set_path(merged, keys)[keys[-1]] = value
+        _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
         resolved[name] = validate(merged, where_v, default_name=path.stem)
     first = next(iter(resolved.values()))["scenario"]
@@ -370,6 +371,15 @@ def _network(table: Any, where: str) -> dict[str, Any]:
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
     return table
+
+
+def _beside(raw: dict[str, Any], folder: Path) -> None:
+    """A relative ``network.trace`` not found from the current folder is read from the scenario
+    file's folder (shipped scenarios name their traces that way)."""
+    net = raw.get("network")
+    trace = net.get("trace") if isinstance(net, dict) else None
+    if isinstance(trace, str) and not Path(trace).exists() and (folder / trace).exists():
+        net["trace"] = str(folder / trace)
 
 
 def _list(value: Any, where: str, path: str) -> list:
