@@ -147,18 +147,20 @@ def test_memory_bus_fuzz_drops_every_case_by_reason_and_the_run_ends_as_unfuzzed
     tmp_path, mq2008_dir
 ):
     cfg = load_scenario(scenario(tmp_path, mq2008_dir)).variants["default"]
-    clean, _, clean_peak = simulate(cfg, fuzz=False)
+    clean, _, _ = simulate(cfg, fuzz=False)
     fuzzed, bus, peak = simulate(cfg, fuzz=True)
     n_cases = sum(bus.expected.values())
-    print(f"memory fuzz: {n_cases} cases, drops {dict(bus.expected)}, peak {peak / 1e6:.1f} MB")
+    print(f"memory fuzz: {n_cases} cases, drops {dict(bus.expected)}, traced peak "
+          f"{peak / 1e6:.2f} MB")  # fmt: skip
     assert n_cases > 500 and len(bus.expected) == 8  # every kind of case was tried
     for key in ("rounds", "offline", "online", "late_replies"):
         assert fuzzed[key] == clean[key], key
     m, c = fuzzed["messages"], clean["messages"]
     assert (m["sent"], m["delivered"], m["injected"]) == (c["sent"], c["delivered"], n_cases)
     assert Counter(m["dropped"]) == Counter(c["dropped"]) + bus.expected
-    # oversized cases are 64 KB each and dropped before decoding; huge seqs cost nothing
-    assert peak - clean_peak < 8 * 1024 * 1024
+    # the data is cached by the unfuzzed run: the fuzzed run's own allocations stay small
+    # (oversized cases are 64 KB each, dropped before decoding; a huge seq cost gigabytes)
+    assert peak < 8 * 1024 * 1024
 
 
 def free_port() -> int:

@@ -167,16 +167,18 @@ class _Calls:
         return self.call, self.args
 
 
-def _global(module: str, name: str) -> bytes:
-    """A protocol-4 pickle of the global ``module.name`` called with no arguments."""
+def _global(module: str, name: str, *args: str | int, op: bytes = pickle.REDUCE) -> bytes:
+    """A protocol-4 pickle that calls (``REDUCE``) or allocates (``NEWOBJ``) ``module.name``
+    with these arguments."""
 
     def text(s: str) -> bytes:
         raw = s.encode()
         return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
 
+    packed = b"".join(text(a) if isinstance(a, str) else pickle.BININT1 + bytes([a]) for a in args)
     return (
         pickle.PROTO + b"\x04" + text(module) + text(name) + pickle.STACK_GLOBAL
-        + pickle.EMPTY_TUPLE + pickle.REDUCE + pickle.STOP
+        + pickle.MARK + packed + pickle.TUPLE + op + pickle.STOP
     )  # fmt: skip
 
 
@@ -199,6 +201,9 @@ def test_checkpoint_data_that_would_run_code_is_refused_and_nothing_runs(tmp_pat
         ),
         "a dotted name": _global("foltr_async.distributed", "subprocess.Popen"),
         "a module not imported": _global("foltr_async.__main__", "main"),
+        "a numpy class's __new__": _global(
+            "numpy", "memmap", str(marker), "uint8", "w+", 0, 4, op=pickle.NEWOBJ
+        ),
         "protocol 0": pickle.dumps(_Calls(os.system, f"touch {marker}"), protocol=0),
     }
     for what, data in payloads.items():

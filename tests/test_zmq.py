@@ -513,6 +513,62 @@ def test_server_resume_with_workers_left_running_gives_the_uninterrupted_result(
     assert_same_metrics(memory_results(path, tmp_path), results(out))
 
 
+class _RunsShell:
+    """What a tampered checkpoint could hold as a client's state: a pickle calling a shell."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_tampered_agent_state_sent_on_resume_is_refused_by_the_worker_and_counted(
+    tmp_path, mq2008_dir
+):
+    """A client's checkpointed state replaced by a pickle that runs a shell command: the
+    worker it is sent to on --resume refuses it with one line (nothing runs), the server
+    counts it in ``worker_errors`` and the run goes on without that worker's clients."""
+    import pickle
+
+    path = write_scenario(tmp_path / "z.toml", mq2008_dir, rounds=12, round_gap=0.1)
+    port, out = free_port(), tmp_path / "out"
+    serve = ["serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure", "--quiet"]
+    server = spawn(*serve, "--out", str(out), "--checkpoint-every", "4", log=tmp_path / "s1.log")
+    join = ["join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure"]
+    halves = ["client-0..client-2", "client-3..client-5"]
+    workers = [
+        spawn(*join, "--agents", a, log=tmp_path / f"w{i}.log") for i, a in enumerate(halves)
+    ]
+    marker = tmp_path / "ran"
+    try:
+        wait_for(lambda: any(e["event"] == "checkpoint" for e in events(out)), what="a checkpoint")
+        for p in (server, *workers):
+            p.kill()
+            p.wait()
+        saved = pickle.loads((out / "checkpoint.pkl").read_bytes())
+        remote = saved["current"]["state"]["remote"]
+        remote["client-0004"]["blob"] = pickle.dumps({"x": _RunsShell(f"touch {marker}")})
+        (out / "checkpoint.pkl").write_bytes(pickle.dumps(saved))
+        workers = [spawn(*join, "--agents", a, log=tmp_path / f"w{i}b.log")
+                   for i, a in enumerate(halves)]  # fmt: skip
+        resumed = subprocess.run(
+            [*CLI, *serve, "--resume", str(out), "--join-timeout", "3"],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert workers[1].wait(timeout=30) == 2  # it cannot host the server's run: it stops
+    finally:
+        for p in (server, *workers):
+            p.kill()
+    assert not marker.exists()
+    log = (tmp_path / "w1b.log").read_text()
+    assert "posix.system, which a checkpoint may not load" in log and "Traceback" not in log
+    rep = results(out)["variants"]["default"]["repeats"][0]
+    assert rep["transport"]["worker_errors"] == 1 and rep["rounds"][-1] == 12
+    assert [e for e in events(out) if e["event"] == "worker_error"]
+
+
 def test_ctrl_c_stops_server_and_workers_and_keeps_written_results(tmp_path, mq2008_dir):
     path = write_scenario(
         tmp_path / "z.toml",

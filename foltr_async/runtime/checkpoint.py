@@ -202,7 +202,10 @@ _library_calls()
 #: (module, name) of every allowed callable that is not a project class
 _GLOBALS = {(f.__module__, f.__qualname__): f for f in _CALLS if hasattr(f, "__qualname__")}
 #: modules whose classes a checkpoint may rebuild (with ``cls.__new__``, no constructor)
-_CLASSES = ("foltr_async.", "protocols.", "numpy.")
+_PROJECT = ("foltr_async.", "protocols.")
+#: numpy classes a checkpoint may name as an argument (a bit generator's), never build itself:
+#: some take a file name in ``__new__`` (``numpy.memmap``)
+_NUMPY = "numpy."
 _GETATTR_CLASSES = {(c.__module__, c.__qualname__): c for c, _ in _GETATTR}
 
 
@@ -262,13 +265,14 @@ def _refuse(what: str) -> CheckpointError:
 class _SafeUnpickler(pickle._Unpickler):
     """The pure-Python unpickler with every way a pickle can call something checked.
 
-    ``find_class`` gives out a project class (a class defined in an already imported
-    ``foltr_async`` or ``protocols`` module; importing would run the module), a numpy class, or
-    a callable of ``_CALLS``; REDUCE calls only ``_CALLS`` entries whose check accepts the
-    arguments (and ``getattr`` only for a listed classmethod or a plain method of a shared
-    object); NEWOBJ builds only classes given out (``cls.__new__``: no constructor runs);
-    INST, OBJ (protocol 0/1 constructor calls) and NEWOBJ_EX (keyword arguments to
-    ``__new__``; never written here) are refused.
+    ``find_class`` gives out a project class (defined in an already imported ``foltr_async``
+    or ``protocols`` module, since importing would run the module, and allocated by a builtin
+    ``__new__``), a numpy class (as an argument only), or a callable of ``_CALLS``. REDUCE
+    calls only ``_CALLS`` entries whose check accepts the arguments (and ``getattr`` only for
+    a listed classmethod or a plain method of a shared object); NEWOBJ builds only project
+    classes given out (``cls.__new__``: no constructor runs); INST, OBJ (protocol 0/1
+    constructor calls) and NEWOBJ_EX (keyword arguments to ``__new__``; never written here)
+    are refused.
     """
 
     dispatch = dict(pickle._Unpickler.dispatch)
@@ -285,9 +289,12 @@ class _SafeUnpickler(pickle._Unpickler):
         if known is not None:
             return known
         obj = getattr(sys.modules.get(module), name, None) if "." not in name else None
-        if isinstance(obj, type) and obj.__module__ == module and module.startswith(_CLASSES):
-            self._classes.add(obj)
-            return obj
+        if isinstance(obj, type) and obj.__module__ == module:
+            if module.startswith(_PROJECT) and _builtin_new(obj):
+                self._classes.add(obj)
+                return obj
+            if module.startswith(_NUMPY):
+                return obj
         raise _refuse(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -346,6 +353,11 @@ class _SafeUnpickler(pickle._Unpickler):
     dispatch[pickle.NEWOBJ_EX[0]] = _refused_opcode
     dispatch[pickle.INST[0]] = _refused_opcode
     dispatch[pickle.OBJ[0]] = _refused_opcode
+
+
+def _builtin_new(cls: type) -> bool:
+    """Whether ``cls.__new__`` only allocates (no class on the way defines its own)."""
+    return all("__new__" not in vars(k) or k.__module__ == "builtins" for k in cls.__mro__)
 
 
 def _hashable(obj: Any) -> bool:
