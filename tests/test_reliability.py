@@ -393,3 +393,19 @@ def test_any_appended_letor_line_is_data_or_one_line_naming_the_line(tmp_path_fa
         train = (tmp_path / "fold" / "train.txt").as_posix()
         assert str(e).startswith(f"{path} [variant v]: dataset.path: {train}:5: "), str(e)
         assert "\n" not in str(e)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[federation.params]\n"\\n" = false\n', "federation.params.'\\n': unknown key"),
+        ('["x\\ny"]\n', "'x\\ny': unknown section"),
+        ('[variants."a\\nb"]\nfederation.rounds = 0\n', "[variant 'a\\nb']: federation.rounds"),
+        ('[variants." v"]\nfederation.rounds = 0\n', "[variant ' v']: federation.rounds"),
+    ],
+    ids=["key", "section", "variant", "variant-space"],
+)
+def test_quoted_toml_keys_stay_on_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "q.toml"
+    path.write_text('[federation]\nprotocol = "fpdgd"\nclients = 3\n' + text)
+    assert message in one_line_error(capsys, ["validate", str(path)])
