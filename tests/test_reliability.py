@@ -54,6 +54,7 @@ BAD_SCENARIOS = [
         "federation.partition.pbm_eta[1]: expected a finite number >= 0.0, got nan",
     ),
     ('ranker = { kind = "mlp", hidden = [64, 0] }', "ranker.hidden[1]: expected an integer >= 1"),
+    ('scenario.name = "../elsewhere"', "scenario.name: expected a name for one folder"),
     # what only building the run finds
     (
         'timeline = [{ round = 2, action = "leave", agents = ["client-0099"] }]',

@@ -193,7 +193,9 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         if section == "federation" and section not in raw:
             raise fail(where, "federation.protocol", "a protocol name (required)")
         cfg[section] = check_table(raw.get(section, {}), fields, where, section)
-    cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
+    name = cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
+    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/\\"):
+        raise fail(where, "scenario.name", "a name for one folder (no '/' or '\\')", name)
     if cfg["dataset"]["path"] is None:
         from foltr_async.ltr.synthetic import profile_names
 
