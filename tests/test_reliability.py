@@ -4,6 +4,8 @@ no output folder; ``validate`` says exactly what the run says."""
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -262,6 +264,25 @@ def test_a_run_that_learned_nothing_says_so_and_exits_3(tmp_path, capsys, settin
     assert "| **4 of 4: nothing learned** |" in md
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "round_empty" and e["variant"] == "v" for e in events) == 4
+
+
+def test_a_server_whose_workers_never_join_learned_nothing_and_exits_3(tmp_path):
+    """ZeroMQ: the clients' worker never connects (refused, or not started); the server runs
+    its rounds without them and says so."""
+    path = bad_scenario(tmp_path, "")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "foltr_async", "serve", str(path), "--only", "v", "--quiet"]
+        + ["--bind", "tcp://127.0.0.1:0", "--insecure", "--join-timeout", "1"]
+        + ["--set", "federation.rounds=2", "--set", "federation.deadline=1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "error: nothing was learned in v" in done.stderr and "Traceback" not in done.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["variants"]["v"]["repeats"][0]["contributions"]["per_round"] == [0, 0]
 
 
 def test_rounds_without_contributions_are_counted_in_a_run_that_learned(tmp_path, capsys):
