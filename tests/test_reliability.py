@@ -4,6 +4,8 @@ no output folder; ``validate`` says exactly what the run says."""
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,7 @@ BAD_SCENARIOS = [
         "federation.partition.pbm_eta[1]: expected a finite number >= 0.0, got nan",
     ),
     ('ranker = { kind = "mlp", hidden = [64, 0] }', "ranker.hidden[1]: expected an integer >= 1"),
+    ('scenario.name = "../elsewhere"', "scenario.name: expected a name for one folder"),
     # what only building the run finds
     (
         'timeline = [{ round = 2, action = "leave", agents = ["client-0099"] }]',
@@ -263,6 +266,25 @@ def test_a_run_that_learned_nothing_says_so_and_exits_3(tmp_path, capsys, settin
     assert sum(e["event"] == "round_empty" and e["variant"] == "v" for e in events) == 4
 
 
+def test_a_server_whose_workers_never_join_learned_nothing_and_exits_3(tmp_path):
+    """ZeroMQ: the clients' worker never connects (refused, or not started); the server runs
+    its rounds without them and says so."""
+    path = bad_scenario(tmp_path, "")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "foltr_async", "serve", str(path), "--only", "v", "--quiet"]
+        + ["--bind", "tcp://127.0.0.1:0", "--insecure", "--join-timeout", "1"]
+        + ["--set", "federation.rounds=2", "--set", "federation.deadline=1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "error: nothing was learned in v" in done.stderr and "Traceback" not in done.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["variants"]["v"]["repeats"][0]["contributions"]["per_round"] == [0, 0]
+
+
 def test_rounds_without_contributions_are_counted_in_a_run_that_learned(tmp_path, capsys):
     path = bad_scenario(tmp_path, "network.availability = 0.3")
     code, err, res = run_cli(capsys, path, tmp_path / "out", "federation.rounds=12")
@@ -393,3 +415,19 @@ def test_any_appended_letor_line_is_data_or_one_line_naming_the_line(tmp_path_fa
         train = (tmp_path / "fold" / "train.txt").as_posix()
         assert str(e).startswith(f"{path} [variant v]: dataset.path: {train}:5: "), str(e)
         assert "\n" not in str(e)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[federation.params]\n"\\n" = false\n', "federation.params.'\\n': unknown key"),
+        ('["x\\ny"]\n', "'x\\ny': unknown section"),
+        ('[variants."a\\nb"]\nfederation.rounds = 0\n', "[variant 'a\\nb']: federation.rounds"),
+        ('[variants." v"]\nfederation.rounds = 0\n', "[variant ' v']: federation.rounds"),
+    ],
+    ids=["key", "section", "variant", "variant-space"],
+)
+def test_quoted_toml_keys_stay_on_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "q.toml"
+    path.write_text('[federation]\nprotocol = "fpdgd"\nclients = 3\n' + text)
+    assert message in one_line_error(capsys, ["validate", str(path)])

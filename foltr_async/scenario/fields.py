@@ -118,4 +118,11 @@ def check_table(table: Any, fields: dict[str, Field], where: str, prefix: str) -
 
 
 def _join(prefix: str, key: str) -> str:
+    key = key_text(key)
     return f"{prefix}.{key}" if prefix else key
+
+
+def key_text(key: str) -> str:
+    """A key as an error shows it: quoted when TOML's quoted keys hold what would break the
+    one-line message (a newline, control characters, spaces at the ends, nothing)."""
+    return key if key and key.isprintable() and key.strip() == key else repr(key)

@@ -15,7 +15,7 @@ from typing import Any
 
 from foltr_async.errors import ScenarioError
 from foltr_async.registry import load_plugins, suggest
-from foltr_async.scenario.fields import Field, check_table, fail
+from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 ACTIONS = ("join", "leave", "crash", "rejoin", "attack_start", "attack_stop", "unlearn")
 
@@ -138,7 +138,7 @@ class Scenario:
 
 
 def label(path: Path, variant: str, named: bool) -> str:
-    return f"{path} [variant {variant}]" if named else str(path)
+    return f"{path} [variant {key_text(variant)}]" if named else str(path)
 
 
 def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None = None) -> Scenario:
@@ -157,7 +157,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     for key in raw:
         if key not in TOP_LEVEL:
             raise ScenarioError(
-                f"{where}: {key}: unknown section{suggest(key, list(TOP_LEVEL))}; "
+                f"{where}: {key_text(key)}: unknown section{suggest(key, list(TOP_LEVEL))}; "
                 f"known: {', '.join(TOP_LEVEL)}"
             )
     variants_raw = raw.pop("variants", {}) or {}
@@ -173,7 +173,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         merged = copy.deepcopy(raw)
         over = variants_raw.get(name, {})
         if not isinstance(over, dict):
-            raise fail(where, f"variants.{name}", "a table of overrides", over)
+            raise fail(where, f"variants.{key_text(name)}", "a table of overrides", over)
         _deep_merge(merged, over)
         for keys, value in sets:
             _set_path(merged, keys)[keys[-1]] = value
@@ -242,7 +242,9 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         if section == "federation" and section not in raw:
             raise fail(where, "federation.protocol", "a protocol name (required)")
         cfg[section] = check_table(raw.get(section, {}), fields, where, section)
-    cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
+    name = cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
+    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/\\"):
+        raise fail(where, "scenario.name", "a name for one folder (no '/' or '\\')", name)
     if cfg["dataset"]["path"] is None:
         from foltr_async.ltr.synthetic import profile_names
 
