@@ -256,10 +256,13 @@ def check_scenario(scenario: Scenario) -> None:
     """Build every variant as a run would, without its honest clients or any round: what the
     run would reject at its start (a missing or broken dataset, more clients than queries, an
     unknown timeline agent, a protocol's own checks) fails here, as one line naming the file
-    and the variant. ``validate`` and the CLI's run call it before anything is written."""
+    and the variant (every fold of a ``dataset.folds`` scenario is built: each is its own
+    data). ``validate`` and the CLI's run call it before anything is written."""
     for name, cfg in scenario.variants.items():
-        with located(scenario, name):
-            Simulation(cfg, scenario.seed, Observer(), name, hosts=_no_clients).build()
+        for rep in range(max(1, len(scenario.folds))):
+            with located(scenario, name):
+                run_cfg = repeat_config(scenario, cfg, rep)
+                Simulation(run_cfg, scenario.seed, Observer(), name, hosts=_no_clients).build()
 
 
 def _no_clients(agent_id: str, group: str) -> bool:

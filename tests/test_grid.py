@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from foltr_async.errors import ScenarioError
+from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.scenario.load import load_scenario, repeat_config
 
 BASE = """
@@ -119,3 +119,16 @@ def test_reproduction_scenarios_validate_and_read_five_folds():
     for f in files:
         sc = load_scenario(f)
         assert sc.folds == (1, 2, 3, 4, 5) and sc.reference in sc.variants, f.name
+
+
+def test_validation_builds_every_fold_and_names_a_missing_one(tmp_path, mq2008_dir):
+    from foltr_async.experiment import check_scenario
+
+    fold = tmp_path / "folds" / "Fold1"
+    fold.mkdir(parents=True)
+    for split in ("train.txt", "test.txt"):
+        (fold / split).symlink_to(mq2008_dir / split)
+    text = f'[dataset]\npath = "{tmp_path / "folds"}"\nfolds = [1]\n'
+    check_scenario(load(tmp_path, text))  # a folder of folds is read fold by fold
+    with pytest.raises(FoltrError, match=r"\[variant plain\]: dataset.path: .*Fold2: dataset file"):
+        check_scenario(load(tmp_path, text.replace("[1]", "[1, 2]")))
