@@ -44,7 +44,7 @@ import numpy as np
 
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
-from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
+from foltr_async.ltr.pdgd import sample_ranking
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker
 
@@ -294,8 +294,35 @@ def _step(
     return shown_ndcg
 
 
+def _gradient_one(
+    features: np.ndarray, scores: np.ndarray, ranking: np.ndarray, clicks: np.ndarray
+) -> np.ndarray:
+    """The PDGD ascent direction of one shown list with clicks, by the module doc's closed form
+    (what ``_step`` computes for many lists): ~20 small numpy calls instead of the reference's
+    swapped ranking per pair (``pdgd.debias_weights``)."""
+    kk = ranking.size
+    pos = np.arange(kk)
+    other = ~clicks & (pos <= np.flatnonzero(clicks)[-1] + 1)
+    pa, pb = np.nonzero(clicks[:, None] & other[None, :])
+    shown = scores[ranking]
+    rest = scores.copy()
+    rest[ranking] = -np.inf
+    log_d = _log_tail_sums(shown[:, None], _log_sum_exp_rows(rest[None, :]))[:, 0]
+    lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
+    pair, p = np.nonzero((pos > lo[:, None]) & (pos <= hi[:, None]))
+    with np.errstate(over="ignore", divide="ignore"):  # rho exactly 0 or 1 (see ``_step``)
+        d_ratio = np.exp(shown[lo[pair]] - log_d[p]) - np.exp(shown[hi[pair]] - log_d[p])
+        terms = -np.log1p(d_ratio)
+    rho = 0.5 * (1.0 + np.tanh(0.5 * np.bincount(pair, weights=terms, minlength=pa.size)))
+    e = np.exp(-np.abs(shown[pa] - shown[pb]))
+    pw = e / (1.0 + e) ** 2 * rho
+    coef = np.bincount(np.concatenate((pa, pb)), weights=np.concatenate((pw, -pw)), minlength=kk)
+    return coef @ features[ranking].astype(np.float64)
+
+
 def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchResult:
-    """The sequential PDGD loop (as ``LocalLearner.train``) for batches too small to vectorise."""
+    """The sequential PDGD loop (as ``LocalLearner.train``, same draws) for batches too small to
+    vectorise, with the closed-form gradient of ``_gradient_one``."""
     steps = max((job.n_steps for job in jobs), default=0)
     weights = np.empty((len(jobs), train.n_features))
     queries = np.full((len(jobs), steps), -1, dtype=np.int64)
@@ -303,12 +330,13 @@ def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchR
     ideal = ideal_dcg(train, k)
     ranker = LinearRanker(train.n_features)
     for j, job in enumerate(jobs):
-        ranker.set_params(job.weights)
+        theta = np.array(job.weights, dtype=np.float64)
         rng = job.rng
         for s in range(job.n_steps):
             q = int(job.queries[rng.integers(len(job.queries))])
             docs = train.doc_range(q)
             features = train.features[docs]
+            ranker.set_params(theta)
             scores = ranker.score(features)
             ranking = sample_ranking(scores, k, rng)
             labels = train.labels[docs][ranking]
@@ -316,15 +344,12 @@ def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchR
             queries[j, s] = q
             shown[j, s] = float(dcg_at_k(labels, k)) / ideal[q] if ideal[q] > 0 else 0.0
             if clicks.any():
-                theta = ranker.get_params() + job.lr * pdgd_gradient(
-                    ranker, features, ranking, clicks, scores
-                )
+                theta = theta + job.lr * _gradient_one(features, scores, ranking, clicks)
                 if job.clip is not None:
                     norm = float(np.linalg.norm(theta))
                     if norm > job.clip:
                         theta *= job.clip / norm
-                ranker.set_params(theta)
-        weights[j] = ranker.get_params()
+        weights[j] = theta
     return BatchResult(weights, queries, shown)
 
 
