@@ -305,9 +305,10 @@ def _gradient_one(
     other = ~clicks & (pos <= np.flatnonzero(clicks)[-1] + 1)
     pa, pb = np.nonzero(clicks[:, None] & other[None, :])
     shown = scores[ranking]
-    rest = scores.copy()
-    rest[ranking] = -np.inf
-    log_d = _log_tail_sums(shown[:, None], _log_sum_exp_rows(rest[None, :]))[:, 0]
+    rest = np.ones(scores.size, dtype=bool)
+    rest[ranking] = False
+    log_rest = np.logaddexp.reduce(scores[rest]) if scores.size > kk else -np.inf
+    log_d = np.logaddexp(np.logaddexp.accumulate(shown[::-1])[::-1], log_rest)
     lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
     pair, p = np.nonzero((pos > lo[:, None]) & (pos <= hi[:, None]))
     with np.errstate(over="ignore", divide="ignore"):  # rho exactly 0 or 1 (see ``_step``)
