@@ -233,7 +233,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
     """``_serve_jobs`` for jobs sharing one training set and click model."""
     users0 = jobs[0].client.users
     train, model = users0.train, users0.click_model
-    sizes = np.diff(train.qptr)
+    shown_len = np.minimum(np.diff(train.qptr), K).tolist()  # list lengths, as Python ints
     queries: list[int] = []
     which: list[int] = []
     uniforms: list[np.ndarray] = []
@@ -251,7 +251,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
                 q = client.users.next_query()
                 queries.append(q)
                 which.append(len(weights))
-                uniforms.append(rng.random((2, min(K, int(sizes[q])))))
+                uniforms.append(rng.random(2 * shown_len[q]))  # random((2, m)), raveled
             weights.append(theta)
             drawn = response_draw(client.p, rng) if client.metric == "maxrr" else None
             mine.append((first, n, drawn))
