@@ -55,9 +55,10 @@ SERP_LENGTH = 10
 #: Padded (jobs x documents) cells per group of jobs: small enough to stay in cache.
 _CHUNK_CELLS = 1 << 16
 #: Fewer jobs than this run one query at a time: the vectorised step has a fixed cost of ~100
-#: numpy calls, which only pays off from ~3 jobs on (measured: 1 job 2x slower, 4 jobs 1.3x
-#: faster, 64 jobs 4x faster). Staggered network latencies make such small batches common.
-MIN_BATCH = 3
+#: numpy calls, which only pays off from ~6 jobs on (measured against the one-at-a-time loop
+#: with its closed-form gradient, 2 steps per job: 1 job 2-3x slower, 4 jobs 1.2x slower, 6 jobs
+#: even, 12 jobs 1.5x faster). Staggered network latencies make such small batches common.
+MIN_BATCH = 6
 
 _SIZES: weakref.WeakKeyDictionary[QuerySet, tuple[list[int], list[int]]] = (
     weakref.WeakKeyDictionary()
