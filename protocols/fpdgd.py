@@ -35,7 +35,7 @@ import numpy as np
 
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.ltr.pdgd_batch import MIN_BATCH, LinearJob, train_linear_batch
+from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
@@ -245,10 +245,6 @@ def _train_jobs(jobs: list[tuple[LocalLearner, LinearJob]]) -> list[np.ndarray]:
         by_data.setdefault(id(learner.users.train), []).append(i)
     out: list[np.ndarray] = [np.empty(0)] * len(jobs)
     for idx in by_data.values():
-        if len(idx) < MIN_BATCH:  # staggered arrivals: the reference loop is cheaper
-            for i in idx:
-                out[i] = _train_alone(*jobs[i])
-            continue
         learners = [jobs[i][0] for i in idx]
         res = train_linear_batch(learners[0].users.train, [jobs[i][1] for i in idx])
         for i, learner, w, queries, shown in zip(
@@ -263,16 +259,6 @@ def _train_jobs(jobs: list[tuple[LocalLearner, LinearJob]]) -> list[np.ndarray]:
             learner.ranker.set_params(w)
             out[i] = w  # a row of a fresh array: nothing else holds it
     return out
-
-
-def _train_alone(learner: LocalLearner, job: LinearJob) -> np.ndarray:
-    """One job through ``LocalLearner.train``, with the users the job was submitted with."""
-    users = learner.users
-    saved, users.click_model = users.click_model, job.click_model
-    try:
-        return learner.train(job.weights, job.n_steps)
-    finally:
-        users.click_model = saved
 
 
 def train_pool(ctx: RunContext) -> BatchPool:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import protocols.foltr_es as es
+from foltr_async.ltr import serve_batch
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg, maxrr
 from foltr_async.ltr.serve_batch import serve_linear
@@ -44,6 +45,17 @@ def test_serve_linear_equals_one_query_at_a_time(n_grades):
         )
         for key, values in expect.items():
             assert getattr(got, key).tolist() == values, (name, key)
+
+
+def test_stable_top_is_the_head_of_a_stable_argsort():
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-3, 3, size=(300, 40)).astype(np.float64)  # many ties
+    keys[rng.random(keys.shape) < 0.1] = np.inf
+    keys[rng.random(keys.shape) < 0.05] = -0.0
+    keys[:5] = 0.0
+    for k in (1, 10, 39, 40, 50):
+        got = serve_batch._stable_top(keys, k)
+        assert np.array_equal(got, np.argsort(keys, axis=1, kind="stable")[:, :k]), k
 
 
 def scenario(data_dir, params: dict | None = None, network: dict | None = None) -> dict:

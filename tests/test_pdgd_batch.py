@@ -85,10 +85,11 @@ def random_cases(train: QuerySet, n_grades: int, n: int, seed: int):
     return out
 
 
+@pytest.mark.parametrize("alone", [False, True])  # True: batches of one (staggered arrivals)
 @pytest.mark.parametrize(
     ("n_grades", "dp", "lr"), [(3, False, 0.1), (5, False, 1.0), (3, True, 0.5), (5, True, 0.1)]
 )
-def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr):
+def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, alone):
     train = make_queryset(n_grades)
     ctx = make_ctx(train, n_grades, dp=dp, lr=lr, sensitivity=2.0)
     cases = random_cases(train, n_grades, 120, seed=n_grades + 10 * dp)
@@ -98,7 +99,26 @@ def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr):
     jobs = [lrn.job(start, n) for lrn, (_, n, start, _) in zip(bat, cases, strict=True)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # extreme spreads are handled, not warned about
-        res = train_linear_batch(train, jobs)
+        if alone:
+            each = [train_linear_batch(train, [job]) for job in jobs]
+            width = max(r.queries.shape[1] for r in each)
+            res = pdgd_batch.BatchResult(
+                np.concatenate([r.weights for r in each]),
+                np.array(
+                    [
+                        np.pad(r.queries[0], (0, width - r.queries.shape[1]), constant_values=-1)
+                        for r in each
+                    ]
+                ),
+                np.array(
+                    [
+                        np.pad(r.ndcg[0], (0, width - r.ndcg.shape[1]), constant_values=np.nan)
+                        for r in each
+                    ]
+                ),
+            )
+        else:
+            res = train_linear_batch(train, jobs)
 
     moved = 0
     for j, (s, b, (_, n, start, _)) in enumerate(zip(seq, bat, cases, strict=True)):

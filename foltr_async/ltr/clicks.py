@@ -34,8 +34,12 @@ MODEL_NAMES = (*CASCADE_NAMES, "pbm")
 
 
 def _grade_index(labels: np.ndarray, n: int) -> np.ndarray:
-    """Grades as table indices: above the table clamps to the top grade, below to 0."""
-    return np.clip(np.asarray(labels, dtype=np.int64), 0, n - 1)
+    """Grades as table indices: above the table clamps to the top grade, below to 0.
+
+    (``np.minimum`` / ``np.maximum``: the same integers as ``np.clip`` at a fraction of its
+    call cost, which showed in one-query-at-a-time simulation.)
+    """
+    return np.minimum(np.maximum(np.asarray(labels, dtype=np.int64), 0), n - 1)
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,6 +15,7 @@ descending): compare with it on distinct scores only.
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -24,8 +25,12 @@ from foltr_async.ltr.queryset import QuerySet
 NO_RELEVANT = ("skip", "zero")
 
 
+@functools.lru_cache(maxsize=64)
 def _discount(n: int) -> np.ndarray:
-    return 1.0 / np.log2(np.arange(2, n + 2, dtype=np.float64))
+    """``1 / log2(rank + 1)`` for ranks 1..n (read-only: one array per length, shared)."""
+    out = 1.0 / np.log2(np.arange(2, n + 2, dtype=np.float64))
+    out.setflags(write=False)
+    return out
 
 
 def _gain(labels: np.ndarray) -> np.ndarray:

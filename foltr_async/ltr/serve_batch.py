@@ -6,7 +6,7 @@ of thousands of clients is mostly call overhead. Here every row (one query serve
 weights) of a round goes through a handful of array operations.
 
 Equal, not close, to one query at a time: each row's scores are the same per-query product as
-``LinearRanker.score``; rows are grouped by document count and each group is ordered by one
+``LinearRanker.score``; rows are grouped by document count and each group's top ``k`` is that of a
 stable ``argsort`` of the negated scores padded with ``+inf`` (padding sorts after every real
 document, ties keep document order), so the shown lists are the sequential ones; clicks come from
 the uniforms the users' generators drew, in the sequential order; and every per-list DCG sums
@@ -47,6 +47,25 @@ def _dcg_per_length(gains: np.ndarray, m: np.ndarray) -> np.ndarray:
     return out
 
 
+def _stable_top(keys: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` columns of every row's stable ascending argsort, without sorting whole
+    rows: the ``k`` smallest keys are those at or below the row's ``k``-th smallest (one
+    partition), ordered by (key, column) with one lexsort over those candidates."""
+    n_rows, width = keys.shape
+    if k >= width:
+        return np.argsort(keys, axis=1, kind="stable")
+    kth = np.partition(keys, k - 1, axis=1)[:, k - 1]
+    r, c = np.nonzero(keys <= kth[:, None])
+    o = np.lexsort((c, keys[r, c], r))
+    r, c = r[o], c[o]
+    count = np.bincount(r, minlength=n_rows)
+    rank = np.arange(r.size) - np.repeat(np.cumsum(count) - count, count)
+    keep = rank < k
+    out = np.zeros((n_rows, k), dtype=np.int64)
+    out[r[keep], rank[keep]] = c[keep]
+    return out
+
+
 def _rankings(
     train: QuerySet,
     starts: np.ndarray,
@@ -74,7 +93,7 @@ def _rankings(
         )
         keys = np.full((rows.size, width), np.inf)
         keys[np.arange(width) < n[:, None]] = -flat
-        order = np.argsort(keys, axis=1, kind="stable")[:, :k]
+        order = _stable_top(keys, k)
         if np.isnan(flat).any():
             for i in np.flatnonzero(np.isnan(keys).any(axis=1)).tolist():
                 own = np.argsort(keys[i, : n[i]], kind="stable")[:k]
@@ -94,8 +113,9 @@ def serve_linear(
     k: int = 10,
 ) -> Served:
     """Serve row ``r``: query ``queries[r]`` ranked by ``features @ weights[which[r]]`` (stable
-    sort, top ``k``); cascade clicks from ``uniforms[r]`` (shape ``(2, min(k, docs))``: click, then
-    stop uniforms, as ``CascadeModel.simulate`` draws them) with one model's tables."""
+    sort, top ``k``); cascade clicks from ``uniforms[r]`` (``2 * min(k, docs)`` values: the click
+    then the stop uniforms, ``CascadeModel.simulate``'s ``random((2, m))`` raveled) with one
+    model's tables."""
     n_rows = len(queries)
     starts = train.qptr[queries]
     sizes = train.qptr[queries + 1] - starts
