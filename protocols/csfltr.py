@@ -109,7 +109,7 @@ from foltr_async.ltr.textfeatures import (
 )
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.rng import stream
-from foltr_async.runtime.agent import Agent, handles
+from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Bool, DropMessage, Int, Str, decode, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import Field
@@ -933,7 +933,7 @@ class CSFLTR(ProtocolRun):
         return query_terms(self.corpus, q, self.stop)
 
     def party_id(self, p: int) -> str:
-        return f"client-{p:04d}"
+        return client_id(p)
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         # a worker process builds only its own parties: the number is in the id

@@ -43,7 +43,7 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, BehaviourEntry
-from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
 from foltr_async.scenario.fields import Field
 from protocols import foltr_es, fpdgd
@@ -298,12 +298,12 @@ def _targets(ctx, group: dict) -> list[str] | None:
             f"of client ids, got {value!r}"
         )
     n = ctx.cfg["federation"]["clients"] + ctx.n_malicious
-    known = {f"client-{i:04d}" for i in range(n)}
+    known = {client_id(i) for i in range(n)}
     unknown = [t for t in value if t not in known]
     if unknown:
         raise ScenarioError(
             f"agents: eavesdropper targets: no client {unknown[0]!r} "
-            f"(ids are client-0000 .. client-{n - 1:04d})"
+            f"(ids are {client_id(0)} .. {client_id(n - 1)})"
         )
     return sorted(set(value))
 
@@ -323,7 +323,7 @@ REGISTRY.add(
         ("fpdgd", "foltr_es"),
         {
             "targets": Field(
-                (list, str), ["client-0000"], 'client ids whose links are tapped, or "all"'
+                (list, str), [client_id(0)], 'client ids whose links are tapped, or "all"'
             ),
             "candidates": Field(
                 int, 10, "FPDGD query inference: candidate queries per guess", min=2

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from foltr_async.runtime.agent import Agent, handles
+from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Envelope, Int, register_kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
 from foltr_async.runtime.secure import SecureRun, Summable, reply
@@ -99,7 +99,7 @@ async def vector_rounds(
     bus = MemoryBus(network or NetworkModel(), stream(seed, "net"))
     truth: dict = {}
     agents = {
-        f"client-{i:04d}": VectorClient(f"client-{i:04d}", bus, stream(seed, "client", i), truth)
+        client_id(i): VectorClient(client_id(i), bus, stream(seed, "client", i), truth)
         for i in range(clients)
     }
     secure_run = None
