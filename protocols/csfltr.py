@@ -110,10 +110,11 @@ from foltr_async.ltr.textfeatures import (
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Bool, DropMessage, Int, Str, decode, register_kind
+from foltr_async.runtime.codec import Array, Bool, Int, Str, decode, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import Field
 from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.eavesdrop import TapEavesdropper
 
 MODEL = "csfltr.model"
 UPDATE = "csfltr.update"
@@ -1085,7 +1086,7 @@ class CSFLTR(ProtocolRun):
 # ------------------------------------------------------------------------ eavesdropper
 
 
-class RelayEavesdropper(Agent):
+class RelayEavesdropper(TapEavesdropper):
     """Taps every sketch query a party sends to the relay and guesses the queried terms.
 
     It knows the parties' hash key (the worst case: a curious party, or a relay colluding with
@@ -1098,32 +1099,21 @@ class RelayEavesdropper(Agent):
     It also sees the answers' noisy counts; their noise is what ``epsilon`` bounds.
     """
 
-    role = "eavesdropper"
+    taps = dict.fromkeys(QUERIES, "dst")  # the parties' queries to the relay
 
     def __init__(self, agent_id: str, run: CSFLTR, rng: np.random.Generator) -> None:
-        super().__init__(agent_id, run.ctx.bus)
-        self.proto, self.rng = run, rng
+        super().__init__(agent_id, run.ctx, ["server"])
+        self.rng = rng
         V = run.corpus.n_terms
         self.cols = run.hashes.columns(np.arange(V)).astype(np.int32)  # (V, z)
         self.signs = run.hashes.signs(np.arange(V))
         self.cf = run.corpus.body.coll_freq()  # public term statistics (a reference corpus)
-        self.hits = self.prior_hits = self.trials = self.missed = 0
+        self.hits = self.prior_hits = self.trials = 0
         self.tied: list[int] = []
 
-    def start(self):
-        self.bus.untap(self._on_tap)
-        self.bus.tap(self._on_tap, dst="server", kinds=tuple(QUERIES))
-        return super().start()
-
-    def _on_tap(self, data: bytes, header) -> None:
-        if self.state != "joined":
-            return
-        try:
-            body = decode(data).body
-        except DropMessage:
-            self.missed += 1
-            return
-        truth = self.proto.probe.oracle.get((header.kind, header.src, body["req"]))
+    def observe(self, header, data: bytes) -> None:
+        body = decode(data).body
+        truth = self.probe.oracle.get((header.kind, header.src, body["req"]))
         if truth is None or header.kind == TF_QUERY:  # a TF query repeats its RTK query's hashes
             return
         for i, t in enumerate(np.asarray(truth).tolist()):  # a tuple when a worker sent it
@@ -1134,10 +1124,10 @@ class RelayEavesdropper(Agent):
             self.prior_hits += int(best[np.argmin(self.cf[best])] == t)  # query terms are rare
             self.trials += 1
 
-    async def on_leave(self) -> None:
-        p = self.proto.ctx.params
+    def summary(self) -> dict:
+        p = self.ctx.params
         z, z1 = p["z"], p["z1"]
-        self.proto.probe.extras.setdefault("eavesdrop", {})[self.id] = {
+        return {
             "protocol": "csfltr",
             "sees": "per query term: z (column, sign) pairs; per answer: counts with one "
             "shared Laplace(1/epsilon) draw",
