@@ -8,13 +8,13 @@ worker processes reach the server with the workers' flushes; ``report`` takes th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from foltr_async.ltr.sketch import cover_rate
-from protocols.csfltr.corpus import PartyIndex, PartyText
+from foltr_async.ltr.text import TextCorpus
+from protocols.csfltr.corpus import PartyIndex, PartyText, party_text
 from protocols.csfltr.messages import NAIVE_ANSWER, NAIVE_QUERY, RTK_ANSWER, RTK_QUERY
 
 if TYPE_CHECKING:
@@ -37,11 +37,14 @@ _STATS = (
 
 
 class Measurements:
-    """The parties record here (``k``: the reverse top-K size; ``text(p)``: party p's exact
-    text, the truth a cover rate or a term-frequency error is measured against)."""
+    """The parties record here; a cover rate or a term-frequency error is measured against the
+    owner's exact text (``k``: the reverse top-K size; ``stop``: the stop list's length)."""
 
-    def __init__(self, probe: Probe, k: int, text: Callable[[int], PartyText]) -> None:
-        self.probe, self.k, self.text = probe, k, text
+    def __init__(self, probe: Probe, k: int, corpus: TextCorpus, stop: int) -> None:
+        self.probe, self.k, self.corpus, self.stop = probe, k, corpus, stop
+
+    def _text(self, p: int) -> PartyText:
+        return party_text(self.corpus, p, self.stop)
 
     def _measured(self, aid: str) -> dict:
         per = self.probe.extras.setdefault(MEASURED, {})
@@ -63,7 +66,7 @@ class Measurements:
         self._measured(aid)["stats"][key].append(seconds)
 
     def _cover(self, aid: str, prefix: str, owner: int, term: int, found: np.ndarray) -> None:
-        true = self.text(owner).fields[1].term_counts(int(term))
+        true = self._text(owner).fields[1].term_counts(int(term))
         c = cover_rate(found, true, self.k)
         stats = self._measured(aid)["stats"]
         stats[f"{prefix}_cover"].append(c)
@@ -82,7 +85,7 @@ class Measurements:
     def tf(
         self, aid: str, owner: int, docs: np.ndarray, terms: np.ndarray, est: np.ndarray
     ) -> None:
-        true = np.stack([f.tf(docs, terms) for f in self.text(owner).fields])
+        true = np.stack([f.tf(docs, terms) for f in self._text(owner).fields])
         stats = self._measured(aid)["stats"]
         stats["tf_abs_err"].append(float(np.abs(est - true).mean()))
         stats["tf_true"].append(float(true.mean()))

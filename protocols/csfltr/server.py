@@ -12,11 +12,9 @@ from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.csfltr.corpus import (
     N_FEATURES,
     PartyIndex,
-    PartyText,
     corpus_for,
     party_hashes,
     party_index,
-    party_text,
     query_terms,
     test_set,
 )
@@ -86,13 +84,10 @@ class CSFLTR(ProtocolRun):
         self.test = test_set(self.corpus, p["local_candidates"], self.stop)
         self.strategy = CSFLTRStrategy(self)
         self.routes: dict[int, tuple[str, int]] = {}
-        self.measure = Measurements(ctx.probe, self.k, self.text)
+        self.measure = Measurements(ctx.probe, self.k, self.corpus, self.stop)
 
     def index(self, p: int) -> PartyIndex:
         return party_index(self.corpus, p, self.hashes, self.k, self.ctx.params["alpha"], self.stop)
-
-    def text(self, p: int) -> PartyText:
-        return party_text(self.corpus, p, self.stop)
 
     def terms(self, q: int) -> np.ndarray:
         return query_terms(self.corpus, q, self.stop)
