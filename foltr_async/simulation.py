@@ -27,7 +27,7 @@ from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY, AggregatorEntry
 from foltr_async.rng import stream
-from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
 from foltr_async.runtime.checkpoint import capture, restore
@@ -438,13 +438,13 @@ class Simulation:
                     "not read per-client data"
                 )
             part = partitioner().build(ctx, n_clients, ctx.rng("data"))
-            part.by_agent = {f"client-{i:04d}": c for i, c in enumerate(part.clients)}
+            part.by_agent = {client_id(i): c for i, c in enumerate(part.clients)}
             ctx.partition = part
             queries = [c.queries for c in part.clients]
         else:
             queries = assign_queries(data.train.n_queries, n_clients, fed["data"], ctx.rng("data"))
         for i in range(fed["clients"]):
-            aid = f"client-{i:04d}"
+            aid = client_id(i)
             self._place(
                 aid,
                 "clients",
@@ -456,7 +456,7 @@ class Simulation:
             behaviour = REGISTRY.behaviours[group["behaviour"]]
             for _ in range(group["count"]):
                 if group["role"] == "attacker":
-                    aid, q = f"client-{i:04d}", queries[i]
+                    aid, q = client_id(i), queries[i]
                     i += 1
                     kind = "attackers"
                 else:

@@ -34,6 +34,7 @@ import numpy as np
 
 from foltr_async.errors import ScenarioError
 from foltr_async.registry import REGISTRY, BehaviourEntry
+from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.codec import Array, DropMessage, decode, register_kind
 from foltr_async.scenario.fields import Field
 from protocols.aggregation import krum
@@ -356,7 +357,7 @@ def coalition_of(ctx, group: dict) -> list[str]:
         if g["role"] != "attacker":
             continue
         if g is group:
-            return [f"client-{j:04d}" for j in range(i, i + g["count"])]
+            return [client_id(j) for j in range(i, i + g["count"])]
         i += g["count"]
     raise ValueError("attacker group not found in the scenario's agents")
 

@@ -43,7 +43,7 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, BehaviourEntry
-from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
 from foltr_async.scenario.fields import Field
 from protocols import foltr_es, fpdgd
@@ -51,6 +51,7 @@ from protocols import foltr_es, fpdgd
 __all__ = [
     "ESEavesdropper",
     "FPDGDEavesdropper",
+    "TapEavesdropper",
     "bayes_guess_rate",
     "cosine",
     "query_directions",
@@ -116,8 +117,10 @@ def bayes_guess_rate(confusion: np.ndarray, p: float) -> float:
     return float(confusion[np.arange(n), guess].sum() / total)
 
 
-class _Eavesdropper(Agent, ABC):
-    """Taps links at once when started (the first broadcast may precede its task's first run)."""
+class TapEavesdropper(Agent, ABC):
+    """Base of every eavesdropper: taps its links at once when started (the first broadcast may
+    precede its task's first run), learns from each tapped message's exact bytes (undecodable
+    ones are counted) and publishes its ``summary`` under ``eavesdrop`` when the run ends."""
 
     role = "eavesdropper"
     #: kind -> "src" | "dst": which end of the tapped link must be a target
@@ -149,19 +152,22 @@ class _Eavesdropper(Agent, ABC):
 
     async def on_leave(self) -> None:
         """The run is ending (or this agent leaves): publish the scores."""
-        summary = {
-            "protocol": self.ctx.cfg["federation"]["protocol"],
-            "targets": self.targets or "all",
-            **self.summary(),
-        }
-        self.probe.extras.setdefault("eavesdrop", {})[self.id] = summary
+        self.probe.extras.setdefault("eavesdrop", {})[self.id] = self.summary()
 
     @abstractmethod
     def summary(self) -> dict:
         """The scores to publish in results.json."""
 
+    def scope(self) -> dict:
+        """What a client-link eavesdropper's summary starts with: the run's protocol and the
+        clients whose links it tapped."""
+        return {
+            "protocol": self.ctx.cfg["federation"]["protocol"],
+            "targets": self.targets or "all",
+        }
 
-class FPDGDEavesdropper(_Eavesdropper):
+
+class FPDGDEavesdropper(TapEavesdropper):
     """Recovers tapped clients' local updates and infers which queries they trained on."""
 
     taps = {fpdgd.MODEL: "dst", fpdgd.UPDATE: "src"}
@@ -226,6 +232,7 @@ class FPDGDEavesdropper(_Eavesdropper):
         mean = s / n if n else None
         std = math.sqrt(max(ss / n - mean * mean, 0.0)) if n else None
         out = {
+            **self.scope(),
             "dp": self.ctx.params["dp"],
             "updates": int(n),
             "cosine_mean": mean,
@@ -244,7 +251,7 @@ class FPDGDEavesdropper(_Eavesdropper):
         return out
 
 
-class ESEavesdropper(_Eavesdropper):
+class ESEavesdropper(TapEavesdropper):
     """Guesses tapped clients' true MaxRR levels from their privatised messages."""
 
     taps = {foltr_es.SEED_METRIC: "src"}
@@ -276,6 +283,7 @@ class ESEavesdropper(_Eavesdropper):
         eps = foltr_es.epsilon_bound(self.p)
         bound = 1.0 if math.isinf(eps) else math.exp(eps) / (math.exp(eps) + n - 1)
         return {
+            **self.scope(),
             "p": self.p,
             "epsilon": None if math.isinf(eps) else eps,
             "metrics": total,
@@ -298,12 +306,12 @@ def _targets(ctx, group: dict) -> list[str] | None:
             f"of client ids, got {value!r}"
         )
     n = ctx.cfg["federation"]["clients"] + ctx.n_malicious
-    known = {f"client-{i:04d}" for i in range(n)}
+    known = {client_id(i) for i in range(n)}
     unknown = [t for t in value if t not in known]
     if unknown:
         raise ScenarioError(
             f"agents: eavesdropper targets: no client {unknown[0]!r} "
-            f"(ids are client-0000 .. client-{n - 1:04d})"
+            f"(ids are {client_id(0)} .. {client_id(n - 1)})"
         )
     return sorted(set(value))
 
@@ -323,7 +331,7 @@ REGISTRY.add(
         ("fpdgd", "foltr_es"),
         {
             "targets": Field(
-                (list, str), ["client-0000"], 'client ids whose links are tapped, or "all"'
+                (list, str), [client_id(0)], 'client ids whose links are tapped, or "all"'
             ),
             "candidates": Field(
                 int, 10, "FPDGD query inference: candidate queries per guess", min=2

@@ -29,7 +29,7 @@ from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.ltr.serve_batch import serve_linear
 from foltr_async.observe.privacy import account, randomised_response
 from foltr_async.registry import REGISTRY, ProtocolEntry
-from foltr_async.runtime.agent import Agent, handles
+from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
@@ -378,7 +378,7 @@ class FOLtRES(ProtocolRun):
         return account(
             randomised_response(p["p"], len(LEVELS)),
             self.taken_part,
-            [f"client-{i:04d}" for i in range(n)],
+            [client_id(i) for i in range(n)],
             [r for r in range(1, last + 1) if r % every == 0 or r == last],
             p["accounting_delta"],
             releases_per_round=per_round,

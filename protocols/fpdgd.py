@@ -39,7 +39,7 @@ from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
-from foltr_async.runtime.agent import Agent, handles
+from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Str, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
@@ -414,7 +414,7 @@ class FPDGD(ProtocolRun):
         return account(
             laplace(self.ctx.params["epsilon"]),
             self.taken_part,
-            [f"client-{i:04d}" for i in range(n)],
+            [client_id(i) for i in range(n)],
             [r for r in range(1, last + 1) if r % every == 0 or r == last],
             self.ctx.params["accounting_delta"],
         )

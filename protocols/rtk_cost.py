@@ -2,11 +2,11 @@
 
 CS-F-LTR's querier needs, per query term, the owner's K documents with the most occurrences.
 :func:`cost` times the protocol's own halves of both answers (``rtk_answer`` / ``rtk_top`` and
-``naive_answer`` / ``naive_top`` in :mod:`protocols.csfltr`: obfuscated query, noise, private
-rows) on an embedded synthetic collection of ``docs`` documents, and scores them against the
-exact top-K by cover rate (ties counted as covered) over every query term and over *rankable*
-terms (at least K documents hold the term twice, so the top-K is a ranking rather than a tie
-among single occurrences). It also reports bytes per answer and the two structures' memory.
+``naive_answer`` / ``naive_top`` in :mod:`protocols.csfltr.primitives`: obfuscated query,
+noise, private rows) on an embedded synthetic collection of ``docs`` documents, and scores them
+against the exact top-K by cover rate (ties counted as covered) over every query term and over
+*rankable* terms (at least K documents hold the term twice, so the top-K is a ranking rather than
+a tie among single occurrences). It also reports bytes per answer and the two structures' memory.
 
 The shape to expect: RTK reads ``z * alpha * K`` cell entries whatever the collection size, NAIVE
 ``docs * z``, so the speed-up grows linearly with ``docs`` (about 13x less data at 10,000
@@ -30,7 +30,8 @@ from foltr_async.ltr.sketch import (
 )
 from foltr_async.ltr.text import make_corpus
 from foltr_async.rng import stream
-from protocols.csfltr import naive_answer, naive_top, rtk_answer, rtk_top, stop_mask
+from protocols.csfltr.corpus import stop_mask
+from protocols.csfltr.primitives import naive_answer, naive_top, rtk_answer, rtk_top
 
 
 def cost(

@@ -10,7 +10,9 @@ from foltr_async.observe.observer import Observer
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols import csfltr
+from protocols.csfltr import messages
+from protocols.csfltr.corpus import N_FEATURES
+from protocols.csfltr.primitives import evaluate, listnet_step
 
 SMALL = """
 [scenario]
@@ -66,10 +68,10 @@ def test_csfltr_relays_private_queries_and_trains_on_cross_party_data(tmp_path):
     kinds = result["messages"]["kinds"]
     n_q = sum(len(sim.agents[a].queries) for a in sim.groups["clients"])
     # every query crosses twice (querier -> relay -> owner), every answer twice back
-    assert kinds[csfltr.RTK_QUERY]["sent"] == 2 * 2 * n_q  # 2 other parties per query
-    assert kinds[csfltr.RTK_ANSWER]["sent"] == kinds[csfltr.RTK_QUERY]["sent"]
-    assert kinds[csfltr.TF_ANSWER]["delivered"] == kinds[csfltr.TF_QUERY]["sent"]
-    assert kinds[csfltr.STATS]["sent"] == 3 + 3 * 2
+    assert kinds[messages.RTK_QUERY]["sent"] == 2 * 2 * n_q  # 2 other parties per query
+    assert kinds[messages.RTK_ANSWER]["sent"] == kinds[messages.RTK_QUERY]["sent"]
+    assert kinds[messages.TF_ANSWER]["delivered"] == kinds[messages.TF_QUERY]["sent"]
+    assert kinds[messages.STATS]["sent"] == 3 + 3 * 2
     assert result["messages"]["dropped"] == {}
     rep = result["csfltr"]
     for aid, inst in rep["instances"].items():
@@ -92,7 +94,7 @@ def test_owners_only_ever_hear_from_the_relay(tmp_path):
     sources = set()
     sim.bus.tap(
         lambda data, h: sources.add((h.src, h.dst)),
-        kinds=(csfltr.RTK_QUERY, csfltr.TF_QUERY, csfltr.NAIVE_QUERY),
+        kinds=(messages.RTK_QUERY, messages.TF_QUERY, messages.NAIVE_QUERY),
     )
     run(sim.run())
     owners_hear_from = {s for s, d in sources if d != "server"}
@@ -133,7 +135,7 @@ def test_modes(tmp_path, mode):
     result, sim = simulate(tmp_path, f'federation.params.mode="{mode}"')
     kinds = result["messages"]["kinds"]
     cross = mode == "local+"
-    assert (csfltr.RTK_QUERY in kinds) == cross
+    assert (messages.RTK_QUERY in kinds) == cross
     strategy = sim.proto.strategy
     models = strategy.party_models
     assert len(models) == 3
@@ -153,11 +155,11 @@ def test_modes(tmp_path, mode):
 def test_listnet_learns_and_bad_parameters_are_one_line_errors(tmp_path):
     _, sim = simulate(tmp_path, "federation.rounds=1")
     ts = sim.agents["client-0000"].train_set
-    w = np.zeros(len(csfltr.FEATURE_NAMES))
+    w = np.zeros(N_FEATURES)
     for _ in range(100):
-        w = csfltr.listnet_step(w, ts, 0.5)
+        w = listnet_step(w, ts, 0.5)
     test = sim.proto.test
-    assert csfltr.evaluate(w, test)["ndcg@10"] > csfltr.evaluate(-w, test)["ndcg@10"] + 0.1
+    assert evaluate(w, test)["ndcg@10"] > evaluate(-w, test)["ndcg@10"] + 0.1
     with pytest.raises(ScenarioError, match="z1: expected at most z = 12, got 13"):
         simulate(tmp_path, "federation.params.z1=13")
     with pytest.raises(ScenarioError, match="collection: required"):

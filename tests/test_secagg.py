@@ -12,20 +12,24 @@ from hypothesis import strategies as st
 from foltr_async.runtime.clock import run
 from foltr_async.runtime.codec import Envelope, decode
 from foltr_async.runtime.secure import SecureAggregationError, Summable
-from protocols import secagg
 from protocols.eavesdrop import cosine
-from protocols.secagg import (
+from protocols.secagg import messages
+from protocols.secagg.measurement import (
+    BENCH_UPDATE,
+    cost,
+    plaintext_mean,
+    relative_error,
+    vector_rounds,
+)
+from protocols.secagg.primitives import (
     PRIME,
     from_ring,
     harary,
-    plaintext_mean,
     prg,
-    relative_error,
     shamir_combine,
     shamir_split,
     threshold_of,
     to_ring,
-    vector_rounds,
 )
 
 # --------------------------------------------------------------------------- primitives
@@ -130,7 +134,7 @@ def test_thirty_percent_dropping_after_key_sharing_still_completes():
     def prepare(vr):
         for aid in ("client-0001", "client-0004", "client-0008"):
             vr.halves()[aid].dropout = 1.0  # shares its keys, then its upload fails
-        vr.bus.tap(lambda data, h: taps.append(decode(data)), kinds=secagg.REVEAL)
+        vr.bus.tap(lambda data, h: taps.append(decode(data)), kinds=messages.REVEAL)
 
     vr = play(clients=10, prepare=prepare)
     rep = vr.reports[0]
@@ -179,8 +183,8 @@ def test_below_threshold_the_round_fails_with_a_clear_error_and_the_next_one_wor
 
 def test_clients_that_miss_a_setup_step_are_left_out_and_the_rest_aggregate():
     def prepare(vr):
-        silence(vr.agents["client-0002"], secagg.ADVERTISE)  # never advertises keys
-        silence(vr.agents["client-0005"], secagg.ROSTER)  # advertises, never shares
+        silence(vr.agents["client-0002"], messages.ADVERTISE)  # never advertises keys
+        silence(vr.agents["client-0005"], messages.ROSTER)  # advertises, never shares
 
     vr = play(clients=8, prepare=prepare)
     rep = vr.reports[0]
@@ -195,7 +199,7 @@ def test_clients_that_miss_a_setup_step_are_left_out_and_the_rest_aggregate():
 def test_unmask_tolerates_silent_survivors_up_to_the_threshold():
     def few(vr):
         for aid in ("client-0000", "client-0003"):
-            silence(vr.agents[aid], secagg.UNMASK)  # uploaded, then gone before unmasking
+            silence(vr.agents[aid], messages.UNMASK)  # uploaded, then gone before unmasking
 
     vr = play(clients=8, prepare=few)
     rep = vr.reports[0]
@@ -204,7 +208,7 @@ def test_unmask_tolerates_silent_survivors_up_to_the_threshold():
 
     def many(vr):
         for i in range(4):
-            silence(vr.agents[f"client-{i:04d}"], secagg.UNMASK)
+            silence(vr.agents[f"client-{i:04d}"], messages.UNMASK)
 
     vr = play(clients=8, prepare=many)
     rep = vr.reports[0]
@@ -222,10 +226,10 @@ def test_a_client_refuses_to_unmask_when_told_too_few_neighbours_survived():
     sent = []
     agent.send = lambda *a: sent.append(a)
     st.revealed = False
-    handle, _ = agent._handlers[secagg.UNMASK]  # the agent's own table reaches its half
+    handle, _ = agent._handlers[messages.UNMASK]  # the agent's own table reaches its half
 
     def unmask(survivors):
-        handle(Envelope(secagg.UNMASK, st.server, agent.id, {"survivors": survivors}, st.round))
+        handle(Envelope(messages.UNMASK, st.server, agent.id, {"survivors": survivors}, st.round))
 
     unmask(st.u2[:2])  # 2 survivors < threshold 3: nothing revealed
     assert not sent and agent.counters["secagg_refused"] == 1
@@ -233,7 +237,7 @@ def test_a_client_refuses_to_unmask_when_told_too_few_neighbours_survived():
     assert not sent and agent.counters["secagg_bad_unmask"] == 1
     unmask(st.u2)
     ((dst, kind, body, _),) = sent
-    assert kind == secagg.REVEAL and body["b_of"] == st.u2 and body["sk_of"] == []
+    assert kind == messages.REVEAL and body["b_of"] == st.u2 and body["sk_of"] == []
     unmask([])
     assert len(sent) == 1  # never a second answer in one round
 
@@ -246,9 +250,9 @@ def test_a_client_half_is_plain_state_that_survives_a_checkpoint():
     agent.secure = copy  # a restored half takes over the agent's handlers and replies
     sent = []
     agent.send = lambda *a: sent.append(a)
-    handle, _ = agent._handlers[secagg.ADVERTISE]
-    handle(Envelope(secagg.ADVERTISE, "server", agent.id, {}, 2))
-    assert copy.state.round == 2 and sent[0][1] == secagg.KEYS
+    handle, _ = agent._handlers[messages.ADVERTISE]
+    handle(Envelope(messages.ADVERTISE, "server", agent.id, {}, 2))
+    assert copy.state.round == 2 and sent[0][1] == messages.KEYS
 
 
 def test_one_masked_upload_tells_an_eavesdropper_nothing():
@@ -258,7 +262,7 @@ def test_one_masked_upload_tells_an_eavesdropper_nothing():
         def on(data, header):
             seen.append((header.round, header.src, decode(data).body))
 
-        vr.bus.tap(on, kinds=(secagg.MASKED, secagg.BENCH_UPDATE))
+        vr.bus.tap(on, kinds=(messages.MASKED, BENCH_UPDATE))
 
     masked = play(clients=10, rounds=4, dim=137, prepare=tap)
     cos_masked = []
@@ -282,21 +286,21 @@ def test_message_and_byte_cost_per_round():
     # advertise, keys, roster, shares, relay, model, masked, unmask, reveal: 9 per client
     assert vr.bus.stats.sent == 9 * 10 * 2 and plain.bus.stats.sent == 2 * 10 * 2
     kinds = vr.bus.stats.kinds
-    assert kinds[secagg.SHARES].bytes_sent > 10 * 2 * 9 * secagg.CT_LEN  # 9 ciphertexts each
+    assert kinds[messages.SHARES].bytes_sent > 10 * 2 * 9 * messages.CT_LEN  # 9 ciphertexts each
     sparse = play(clients=30, rounds=1, degree=6)
     full = play(clients=30, rounds=1)
     per = {
-        name: r.bus.stats.kinds[secagg.SHARES].bytes_sent
+        name: r.bus.stats.kinds[messages.SHARES].bytes_sent
         for name, r in (("sparse", sparse), ("full", full))
     }
     assert per["sparse"] < per["full"] / 3  # 6 neighbours instead of 29
 
 
 def test_cost_reports_per_round_numbers():
-    out = secagg.cost(8, dim=10, rounds=1)
+    out = cost(8, dim=10, rounds=1)
     assert out["completed_rounds"] == 1 and out["messages_per_round"] == 72
     assert out["max_rel_error"] < 1e-6 and out["bytes_per_client_round"] > 0
-    plain = secagg.cost(8, dim=10, rounds=1, secure=False)
+    plain = cost(8, dim=10, rounds=1, secure=False)
     assert plain["messages_per_round"] == 16 and plain["max_rel_error"] == 0.0
 
 

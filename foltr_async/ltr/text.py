@@ -2,7 +2,7 @@
 
 CS-F-LTR parties hold *raw text*: documents (title and body) and queries with graded relevance
 judgements. Everything here is plain arrays, shared read-only; which party may read what is the
-protocol's business (``protocols/csfltr.py``), not this module's.
+protocol's business (``protocols/csfltr/``), not this module's.
 
 A text field of many documents is a :class:`BagOfWords`: sparse term counts in CSR form (terms
 sorted within a document), because features, sketches and relevance all need term frequencies,

@@ -29,7 +29,7 @@ from foltr_async.runtime.codec import Envelope
 if TYPE_CHECKING:
     from foltr_async.runtime.bus import Bus
 
-__all__ = ["Agent", "Inbox", "handles"]
+__all__ = ["Agent", "Inbox", "client_id", "handles"]
 
 log = structlog.get_logger()
 
@@ -72,6 +72,11 @@ class Inbox:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         return self._items.popleft()
+
+
+def client_id(i: int) -> str:
+    """The id of the run's i-th client (honest clients first, then attackers): ``client-0007``."""
+    return f"client-{i:04d}"
 
 
 def handles(kind: str, *more: str) -> Callable[[F], F]:

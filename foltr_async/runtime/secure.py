@@ -1,6 +1,6 @@
 """Secure-aggregation hooks: the server learns only the (weighted) sum of the clients' updates.
 
-Protocol-agnostic plumbing between a masking scheme (``protocols/secagg.py``), the round engine
+Protocol-agnostic plumbing between a masking scheme (``protocols/secagg/``), the round engine
 and the client agents; the protocol's own messages and strategy do not change:
 
 - **client side**: a client hands its reply to ``reply(agent, dst, kind, body, round)`` instead of

@@ -1,0 +1,137 @@
+"""The server side: the training strategy (FedAvg, or per-party evaluation in the local modes)
+and the run, whose server relays the parties' sketch queries under fresh tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from foltr_async.errors import ScenarioError
+from foltr_async.runtime.agent import Agent, client_id
+from foltr_async.runtime.engine import Strategy
+from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.csfltr.corpus import (
+    N_FEATURES,
+    PartyIndex,
+    corpus_for,
+    party_hashes,
+    party_index,
+    query_terms,
+    test_set,
+)
+from protocols.csfltr.measurement import Measurements
+from protocols.csfltr.messages import MODEL, QUERIES, STATS, UPDATE
+from protocols.csfltr.party import Party
+from protocols.csfltr.primitives import evaluate
+
+
+class CSFLTRStrategy(Strategy):
+    """FedAvg (csfltr, global) or per-party evaluation only (local, local+)."""
+
+    broadcast_kind = MODEL
+    reply_kind = UPDATE
+
+    def __init__(self, run: CSFLTR) -> None:
+        self.proto = run
+        self.model = np.zeros(N_FEATURES)
+        self.party_models: dict[str, np.ndarray] = {}
+        self.generated = False
+
+    def configure_round(self, round: int) -> dict:
+        gen = not self.generated and self.proto.mode in ("csfltr", "local+")
+        self.generated = True
+        return {"params": self.model, "generate": gen}
+
+    def aggregate(self, round: int, replies: list) -> dict:
+        for r in replies:
+            self.party_models[r.src] = np.array(r.body["params"])
+        if self.proto.mode in ("csfltr", "global"):
+            updates = np.stack([r.body["params"] for r in replies])
+            weights = np.array([max(r.body["n_queries"], 1) for r in replies], dtype=np.float64)
+            self.model = self.proto.ctx.aggregator.fn(updates, weights, self.proto.ctx.n_malicious)
+        return {"parties": len(replies)}
+
+    def evaluate(self) -> dict[str, float]:
+        test = self.proto.test
+        if self.proto.mode in ("csfltr", "global"):
+            return evaluate(self.model, test)
+        per = [evaluate(w, test) for _, w in sorted(self.party_models.items())]
+        if not per:
+            return evaluate(self.model, test)
+        out = {k: float(np.mean([m[k] for m in per])) for k in per[0]}
+        out["ndcg@10_min"] = float(min(m["ndcg@10"] for m in per))
+        out["ndcg@10_max"] = float(max(m["ndcg@10"] for m in per))
+        return out
+
+
+class CSFLTR(ProtocolRun):
+    """One CS-F-LTR run: the corpus, the parties, the relaying server and the measurements."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        p, fed = ctx.params, ctx.cfg["federation"]
+        if p["z1"] > p["z"]:
+            raise ScenarioError(
+                f"federation.params.z1: expected at most z = {p['z']}, got {p['z1']}"
+            )
+        if fed["clients"] < 2 and p["mode"] in ("csfltr", "local+"):
+            raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
+        if ctx.n_malicious:
+            raise ScenarioError("agents: csfltr has no attacker roles")
+        self.ctx, self.mode, self.k = ctx, p["mode"], p["k"]
+        self.probe = ctx.probe
+        self.corpus = corpus_for(ctx)
+        self.hashes = party_hashes(ctx.seed, p["z"], p["w"])
+        self.stop = p["stopwords"]
+        self.test = test_set(self.corpus, p["local_candidates"], self.stop)
+        self.strategy = CSFLTRStrategy(self)
+        self.routes: dict[int, tuple[str, int]] = {}
+        self.measure = Measurements(ctx.probe, self.k, self.corpus, self.stop)
+
+    def index(self, p: int) -> PartyIndex:
+        return party_index(self.corpus, p, self.hashes, self.k, self.ctx.params["alpha"], self.stop)
+
+    def terms(self, q: int) -> np.ndarray:
+        return query_terms(self.corpus, q, self.stop)
+
+    def party_id(self, p: int) -> str:
+        return client_id(p)
+
+    def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
+        # a worker process builds only its own parties: the number is in the id
+        ids = {self.party_id(p): p for p in range(self.corpus.n_parties)}
+        if agent_id not in ids:
+            raise ScenarioError(f"csfltr: unexpected party id {agent_id}")
+        return Party(agent_id, self, ids[agent_id], rng)
+
+    # -------------------------------------------------------------- relay
+
+    def attach_server(self, server) -> None:
+        self.server = server
+        token = iter(range(1, 2**62))
+
+        def forward(env) -> None:
+            t = next(token)
+            self.routes[t] = (env.src, env.body["req"])
+            server.send(env.body["owner"], env.kind, {**env.body, "req": t}, env.round)
+
+        def back(env) -> None:
+            route = self.routes.pop(env.body["req"], None)
+            if route is None:
+                server.bus.report_drop(
+                    "no_handler", "answer to an unknown relay token", env.src, server.id, env.kind
+                )
+                return
+            server.send(route[0], env.kind, {**env.body, "req": route[1]}, env.round)
+
+        for q, a in QUERIES.items():
+            server.on(q, forward)
+            server.on(a, back)
+
+        def publish(env) -> None:  # collection statistics go to every other party
+            for p in range(self.corpus.n_parties):
+                if self.party_id(p) != env.src:
+                    server.send(self.party_id(p), STATS, env.body, env.round)
+
+        server.on(STATS, publish)
+
+    def report(self) -> dict:
+        return {"csfltr": self.measure.report(self)}

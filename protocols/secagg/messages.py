@@ -1,0 +1,43 @@
+"""SecAgg's message kinds, the layout of a share row on the wire, and their schemas."""
+
+from __future__ import annotations
+
+from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Str, register_kind
+from protocols.secagg.primitives import CHUNKS, KEY_LEN
+
+ADVERTISE = "secagg.advertise"
+KEYS = "secagg.keys"
+ROSTER = "secagg.roster"
+SHARES = "secagg.shares"
+RELAY = "secagg.relay"
+MASKED = "secagg.masked"
+UNMASK = "secagg.unmask"
+REVEAL = "secagg.reveal"
+
+SHARE_COLS = 1 + 2 * CHUNKS  # x, the mask key's chunks, the self-mask seed's chunks
+REVEAL_COLS = 1 + CHUNKS  # x and one secret's chunks
+CT_LEN = 4 * SHARE_COLS + 16  # uint32 share row + Poly1305 tag
+_MAX_IDS = 1 << 17
+_Ids = ListOf(Str(max_len=256), max_len=_MAX_IDS)
+_Keys = ListOf(Bytes(max_len=KEY_LEN), max_len=_MAX_IDS)
+
+register_kind(ADVERTISE, {})
+register_kind(KEYS, {"c_pk": Bytes(max_len=KEY_LEN), "s_pk": Bytes(max_len=KEY_LEN)})
+register_kind(
+    ROSTER,
+    {
+        "threshold": Int(min=1),
+        "clients": Int(min=1),
+        "neighbours": _Ids,
+        "c_pks": _Keys,
+        "s_pks": _Keys,
+    },
+)
+register_kind(SHARES, {"to": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)})
+register_kind(RELAY, {"senders": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)})
+register_kind(MASKED, {"y": Array("uint64", ndim=1)})
+register_kind(UNMASK, {"survivors": _Ids})
+register_kind(
+    REVEAL,
+    {"b_of": _Ids, "b": Array("uint32", ndim=2), "sk_of": _Ids, "sk": Array("uint32", ndim=2)},
+)
