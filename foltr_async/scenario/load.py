@@ -36,7 +36,10 @@ SECTIONS: dict[str, dict[str, Field]] = {
             int, None, "synthetic data seed (default: scenario.seed)", nullable=True, min=0
         ),
         "folds": Field(
-            list, [], "fold numbers under path (FoldN): every fold runs scenario.repeats seeds"
+            list,
+            [],
+            "fold numbers under path (FoldN): every fold runs scenario.repeats seeds",
+            items=Field(int, min=1),
         ),
     },
     "ranker": {
@@ -211,8 +214,6 @@ def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
     folds = lists.pop()
     if not folds:
         return ()
-    if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in folds):
-        raise fail(where, "dataset.folds", "a list of fold numbers >= 1", list(folds))
     if len(set(folds)) != len(folds):
         raise fail(where, "dataset.folds", "distinct fold numbers", list(folds))
     if any(cfg["dataset"]["path"] is None for cfg in variants.values()):
