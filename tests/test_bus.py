@@ -431,3 +431,28 @@ def test_network_defaults_are_a_perfect_network():
     net = NetworkModel.from_dict({})
     assert net == NetworkModel() and net.transit_time("a", "b", 10**6, None) == 0.0
     assert net.online(["client-0001", "server"], 1, None) == {"client-0001", "server"}
+
+
+def test_untap_removes_a_bound_method_tap():
+    """Agents untap ``self._on_tap`` before tapping again on a rejoin: each attribute access makes
+    a new bound method, so untap must compare by equality, not identity."""
+    bus, server, _ = make_bus(NetworkModel())
+
+    class Listener:
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def on_tap(self, data: bytes, header) -> None:  # noqa: ANN001
+            self.seen += 1
+
+    ear = Listener()
+    for _ in range(2):  # join, leave, rejoin
+        bus.untap(ear.on_tap)
+        bus.tap(ear.on_tap)
+
+    async def main() -> None:
+        bus.send("server", "client-0000", "ping", {"i": 1})
+        await asyncio.sleep(1)
+
+    run(main())
+    assert ear.seen == 1

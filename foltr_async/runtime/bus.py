@@ -180,7 +180,7 @@ class Bus(abc.ABC):
         self._taps.append(_Tap(callback, src, dst, kinds))
 
     def untap(self, callback: TapCallback) -> None:
-        self._taps = [t for t in self._taps if t.callback is not callback]
+        self._taps = [t for t in self._taps if t.callback != callback]  # bound methods: ==
 
     def add_drop_listener(self, fn: DropListener) -> None:
         """``fn(reason, detail, src, dst, kind)`` for every drop (event log, console)."""
