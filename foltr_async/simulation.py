@@ -21,7 +21,7 @@ import structlog
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import cascade
-from foltr_async.ltr.metrics import OnlineDiscounted, expected_maxrr, ndcg
+from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
@@ -37,6 +37,10 @@ from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
 
 log = structlog.get_logger()
+
+#: The offline metrics of a run's global model: nDCG@10 (the FPDGD papers') and expected
+#: MaxRR@10 under the scenario's users (the FOLtR-ES papers').
+OFFLINE = ("ndcg@10", "maxrr@10")
 
 
 @dataclass(frozen=True)
@@ -188,10 +192,10 @@ class RunContext:
             return own.batch
         return self.cfg["federation"]["queries_per_client"]
 
-    def evaluate(self, ranker) -> dict[str, float]:
-        """Offline nDCG@10 of a ranker on the held-out queries (with a partition that gives
-        several label views of them, e.g. one per intent: the mean over the views), and its
-        expected MaxRR@10 under the scenario's users (the FOLtR-ES papers' offline metric)."""
+    def evaluate(self, ranker, metrics: tuple[str, ...] = OFFLINE) -> dict[str, float]:
+        """The ranker's offline ``metrics`` (``ltr.metrics.offline_metrics`` names) on the
+        held-out queries (at most ``evaluation.max_test_queries``). With a partition that gives
+        several label views of them (e.g. one per intent): nDCG@10 per view and their mean."""
         if self.partition is not None and self.partition.test_sets:
             return evaluate_views(
                 ranker, self.partition.test_sets, self.cfg["evaluation"]["no_relevant"]
@@ -200,13 +204,14 @@ class RunContext:
         cap = self.cfg["evaluation"]["max_test_queries"]
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
-        scores = ranker.score(test.features)
-        values = ndcg(scores, test, k=10, no_relevant=self.cfg["evaluation"]["no_relevant"])
-        rr = expected_maxrr(scores, test, self.click_model().p_click, k=10)
-        return {
-            "ndcg@10": float(np.nanmean(values)) if np.isfinite(values).any() else 0.0,
-            "maxrr@10": float(rr.mean()),
-        }
+        wants_clicks = any(m.startswith("maxrr") for m in metrics)
+        return offline_metrics(
+            ranker.score(test.features),
+            test,
+            metrics,
+            no_relevant=self.cfg["evaluation"]["no_relevant"],
+            p_click=self.click_model().p_click if wants_clicks else None,
+        )
 
 
 @lru_cache(maxsize=4)
@@ -218,12 +223,12 @@ def evaluate_views(ranker, views: tuple[QuerySet, ...], no_relevant: str) -> dic
     """nDCG@10 on label views of one held-out set (features shared: scored once), their mean
     as ``ndcg@10`` and each view's as ``ndcg@10/<view name>``."""
     scores = ranker.score(views[0].features)
-    out = {}
-    for view in views:
-        values = ndcg(scores, view, k=10, no_relevant=no_relevant)
-        out[f"ndcg@10/{view.name}"] = (
-            float(np.nanmean(values)) if np.isfinite(values).any() else 0.0
-        )
+    out = {
+        f"ndcg@10/{view.name}": offline_metrics(
+            scores, view, ("ndcg@10",), no_relevant=no_relevant
+        )["ndcg@10"]
+        for view in views
+    }
     return {"ndcg@10": float(np.mean(list(out.values()))), **out}
 
 
