@@ -551,6 +551,7 @@ def _cmd_keys(argv: list[str]) -> int:
 
 
 def _cmd_bench(argv: list[str]) -> int:
-    from foltr_async.bench import main as bench_main
+    # The bench drives protocols, so it lives beside the runtime, imported only when asked for.
+    from benchmarks.cli import main as bench_main
 
     return bench_main(argv)

@@ -37,7 +37,7 @@ from foltr_async.simulation import RunCheckpoint, Simulation
 
 METRIC = "ndcg@10"
 CHECKPOINT = "checkpoint.pkl"
-_FORMAT = 1
+_FORMAT = 2  # 2: the probe's records travel inside its own state
 
 
 def fingerprint(scenario: Scenario) -> str:

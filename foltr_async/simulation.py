@@ -21,7 +21,7 @@ import structlog
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import cascade
-from foltr_async.ltr.metrics import OnlineDiscounted, expected_maxrr, ndcg
+from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
@@ -30,13 +30,17 @@ from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
-from foltr_async.runtime.checkpoint import capture, restore
+from foltr_async.runtime.checkpoint import Checkpointed, capture, restore
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
 
 log = structlog.get_logger()
+
+#: The offline metrics of a run's global model: nDCG@10 (the FPDGD papers') and expected
+#: MaxRR@10 under the scenario's users (the FOLtR-ES papers').
+OFFLINE = ("ndcg@10", "maxrr@10")
 
 
 @dataclass(frozen=True)
@@ -79,13 +83,16 @@ def load_datasets(cfg: dict) -> Datasets:
 
 
 @dataclass
-class Probe:
+class Probe(Checkpointed):
     """Simulator-side measurements (never sent as messages): the online metric and extras.
 
     Displayed-ranking nDCGs are recorded with (round, client) and discounted in that order
     (stable within a client), so the online metric does not depend on delivery order, batching
     or transport.
     """
+
+    #: checkpointed beside the other attributes as plain tuples (pickled as they are: fast)
+    checkpoint_skip = ("_shown",)
 
     extras: dict[str, Any] = field(default_factory=dict)
     #: Truths agents leave for oracle scoring (e.g. a client's pre-noise update, read by an
@@ -103,6 +110,14 @@ class Probe:
     def add_records(self, records: list[tuple[int, str, float]]) -> None:
         """Records another process made (a worker's clients), in that process's order."""
         self._shown.extend(records)
+
+    def checkpoint_state(self, shared: dict[str, Any]) -> tuple[bytes, list]:
+        return capture(self, shared), list(self._shown)
+
+    def restore_state(self, state: tuple[bytes, list], shared: dict[str, Any]) -> None:
+        attrs, shown = state
+        restore(self, attrs, shared)
+        self.add_records(shown)
 
     def online(self) -> dict[str, float | int]:
         acc = OnlineDiscounted()
@@ -188,10 +203,10 @@ class RunContext:
             return own.batch
         return self.cfg["federation"]["queries_per_client"]
 
-    def evaluate(self, ranker) -> dict[str, float]:
-        """Offline nDCG@10 of a ranker on the held-out queries (with a partition that gives
-        several label views of them, e.g. one per intent: the mean over the views), and its
-        expected MaxRR@10 under the scenario's users (the FOLtR-ES papers' offline metric)."""
+    def evaluate(self, ranker, metrics: tuple[str, ...] = OFFLINE) -> dict[str, float]:
+        """The ranker's offline ``metrics`` (``ltr.metrics.offline_metrics`` names) on the
+        held-out queries (at most ``evaluation.max_test_queries``). With a partition that gives
+        several label views of them (e.g. one per intent): nDCG@10 per view and their mean."""
         if self.partition is not None and self.partition.test_sets:
             return evaluate_views(
                 ranker, self.partition.test_sets, self.cfg["evaluation"]["no_relevant"]
@@ -200,13 +215,14 @@ class RunContext:
         cap = self.cfg["evaluation"]["max_test_queries"]
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
-        scores = ranker.score(test.features)
-        values = ndcg(scores, test, k=10, no_relevant=self.cfg["evaluation"]["no_relevant"])
-        rr = expected_maxrr(scores, test, self.click_model().p_click, k=10)
-        return {
-            "ndcg@10": float(np.nanmean(values)) if np.isfinite(values).any() else 0.0,
-            "maxrr@10": float(rr.mean()),
-        }
+        wants_clicks = any(m.startswith("maxrr") for m in metrics)
+        return offline_metrics(
+            ranker.score(test.features),
+            test,
+            metrics,
+            no_relevant=self.cfg["evaluation"]["no_relevant"],
+            p_click=self.click_model().p_click if wants_clicks else None,
+        )
 
 
 @lru_cache(maxsize=4)
@@ -218,12 +234,12 @@ def evaluate_views(ranker, views: tuple[QuerySet, ...], no_relevant: str) -> dic
     """nDCG@10 on label views of one held-out set (features shared: scored once), their mean
     as ``ndcg@10`` and each view's as ``ndcg@10/<view name>``."""
     scores = ranker.score(views[0].features)
-    out = {}
-    for view in views:
-        values = ndcg(scores, view, k=10, no_relevant=no_relevant)
-        out[f"ndcg@10/{view.name}"] = (
-            float(np.nanmean(values)) if np.isfinite(values).any() else 0.0
-        )
+    out = {
+        f"ndcg@10/{view.name}": offline_metrics(
+            scores, view, ("ndcg@10",), no_relevant=no_relevant
+        )["ndcg@10"]
+        for view in views
+    }
     return {"ndcg@10": float(np.mean(list(out.values()))), **out}
 
 
@@ -338,24 +354,6 @@ class RunCheckpoint:
     every: int
     save: Callable[[dict], None]
     state: dict | None = None
-
-
-#: Agent attributes that are the run's machinery, rebuilt fresh, never checkpointed.
-AGENT_SKIP = ("bus", "inbox", "_task", "_handlers", "state")
-#: The server agent's own state (the rest is wiring: strategy, plan, callbacks, handlers).
-SERVER_STATE = ("rng", "late_replies", "counters", "last_kind", "plan_round")
-#: A bus's state between rounds: random streams, presence, sequence numbers, replay guards and
-#: counters (registrations and taps are re-made by the agents; nothing is in flight).
-BUS_STATE = (
-    "stats",
-    "round",
-    "_rng_presence",
-    "_rng_net",
-    "_presence",
-    "_guards",
-    "_seq",
-    "_offline",
-)
 
 
 class Simulation:
@@ -544,13 +542,32 @@ class Simulation:
             await self.proto.request_unlearning(agent)
 
     async def run(self) -> dict:
-        wall0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        saved = self.checkpoint.state if self.checkpoint is not None else None
-        sim0 = loop.time() if saved is None else saved["sim0"] + loop.time() - saved["now"]
-        self.proto = proto = self._build()
+        """One run, in the steps below: start the clock, build, plan, make the server, resume
+        from a checkpoint if there is one, start the agents, play, stop, collect the results."""
+        self._start_clock()
+        self.build()
+        self._plan()
+        self._make_server()
+        if self._saved is not None:
+            self._resume()
+        self._start_agents()
+        try:
+            await self._play()
+        finally:
+            await self._stop()
+        return self._collect()
+
+    def _start_clock(self) -> None:
+        """Wall and simulated time zero; a resumed run continues the interrupted one's clock."""
+        self._wall0 = time.perf_counter()
+        self._loop = loop = asyncio.get_running_loop()
+        saved = self._saved = self.checkpoint.state if self.checkpoint is not None else None
+        self._sim0 = loop.time() if saved is None else saved["sim0"] + loop.time() - saved["now"]
+
+    def _plan(self) -> None:
+        """The round plan, the timeline by round and who joins later, empty records."""
         fed, ev = self.cfg["federation"], self.cfg["evaluation"]
-        plan = RoundPlan(
+        self.plan = RoundPlan(
             rounds=fed["rounds"],
             participation=fed["participation"],
             min_clients=fed["min_clients"],
@@ -559,80 +576,24 @@ class Simulation:
             eval_every=ev["every"],
         )
         timeline = self.cfg["timeline"]
-        joins_later = {
+        self._joins_later = {
             a for t in timeline if t["action"] == "join" for a in self._resolve(t["agents"])
         }
-        by_round: dict[int, list[dict]] = {}
+        self._by_round: dict[int, list[dict]] = {}
         for item in timeline:
             if item["round"] is not None:
-                by_round.setdefault(item["round"], []).append(item)
+                self._by_round.setdefault(item["round"], []).append(item)
+        self._rounds: list[int] = []
+        self._curve: list[dict[str, float]] = []
+        self._times: list[float] = []
+        self._reports: list[RoundReport] = []
+        self._live_table = len(self.agents) <= 200  # per-agent updates where a table shows them
 
-        async def before_round(r: int) -> None:
-            self.server.plan_round = r
-            for item in by_round.get(r, []):
-                await self._act(item)
-
-        rounds, curve, times = [], [], []
-        self._rounds, self._curve, self._reports = rounds, curve, []
-        self._times = times
-
-        live_table = len(self.agents) <= 200  # per-agent updates only where a table can show them
-
-        def after_round(report: RoundReport) -> None:
-            for aid in report.clients:
-                agent = self.agents.get(aid)
-                if agent is not None:
-                    agent.rounds_joined += 1
-                    if live_table:
-                        self.observer.agent_changed(
-                            aid, agent.role, agent.state, agent.rounds_joined, agent.last_kind
-                        )
-            log.debug(
-                "aggregation",
-                variant=self.variant,
-                repeat=self.repeat,
-                round=report.round,
-                selected=report.selected,
-                replied=report.replied,
-                aggregated=report.aggregated,
-                **report.facts,
-            )
-            if not report.aggregated:  # the model did not change: say so where people look
-                self._emit(
-                    "round_empty",
-                    round=report.round,
-                    selected=report.selected,
-                    replied=report.replied,
-                    min_clients=plan.min_clients,
-                )
-            stats = self.bus.stats.as_dict()
-            self._reports.append(report)
-            if report.metrics is not None:
-                rounds.append(report.round)
-                curve.append(report.metrics)
-                times.append(loop.time() - sim0)
-            self.observer.round_done(
-                self.variant,
-                self.repeat,
-                report.round,
-                metrics=report.metrics,
-                messages=stats,
-                sim_time=loop.time() - sim0,
-            )
-
-        def clients() -> list[str]:
-            return [
-                a
-                for a in self.groups["clients"] + self.groups["attackers"]
-                if self.agents[a].state == "joined"
-            ]
-
-        async def checkpoint(report: RoundReport) -> None:
-            if report.round <= plan.rounds and report.round % self.checkpoint.every == 0:
-                await self._save(report.round, loop.time(), sim0, time.perf_counter() - wall0)
-
+    def _make_server(self) -> None:
+        """The server agent for the protocol's strategy (asynchronous ones get theirs)."""
+        fed = self.cfg["federation"]
         every = self.checkpoint.every if self.checkpoint is not None else 0
-        asynchronous = isinstance(proto.strategy, AsyncStrategy)
+        asynchronous = isinstance(self.proto.strategy, AsyncStrategy)
         if asynchronous and self.checkpoint is not None:
             raise ScenarioError(
                 f"federation.protocol: {fed['protocol']!r} is asynchronous: expected no "
@@ -640,73 +601,89 @@ class Simulation:
             )
         self.server = (AsyncServerAgent if asynchronous else ServerAgent)(
             self.bus,
-            proto.strategy,
-            plan,
+            self.proto.strategy,
+            self.plan,
             stream(self.seed, "server"),
-            clients=clients,
-            before_round=before_round,
-            after_round=after_round,
+            clients=self._joined_clients,
+            before_round=self._before_round,
+            after_round=self._after_round,
             secure=self.secure.server if self.secure else None,
-            checkpoint=checkpoint if every > 0 else None,
+            checkpoint=self._checkpoint_round if every > 0 else None,
         )
-        self.server.plan_round = 0
-        proto.attach_server(self.server)
-        if saved is not None:
-            # agents by id, wherever the interrupted run hosted them (a run may resume on
-            # another transport)
-            saved_agents = {**saved["agents"], **saved["remote"]}
-            self._restore(saved, saved_agents)
-            wall0 -= saved["wall"]
+        self.proto.attach_server(self.server)
+
+    def _resume(self) -> None:
+        """Load the checkpoint into the freshly built run."""
+        saved = self._saved
+        # agents by id, wherever the interrupted run hosted them (a run may resume on another
+        # transport)
+        self._saved_agents = {**saved["agents"], **saved["remote"]}
+        self._restore(saved, self._saved_agents)
+        self._wall0 -= saved["wall"]
+
+    def _start_agents(self) -> None:
+        """Start the server and this process's agents (as the checkpoint left them, or all
+        but those the timeline joins later)."""
         self.server.start()
         for aid, agent in self.agents.items():
             if getattr(agent, "remote", False):
                 continue
-            if saved is not None:
-                was = saved_agents[aid]["state"]
+            if self._saved is not None:
+                was = self._saved_agents[aid]["state"]
                 if was == "joined":
                     agent.start()
                 elif was != "new":
                     agent.state = was
-            elif aid not in joins_later:
+            elif aid not in self._joins_later:
                 agent.start()
             self.observer.agent_changed(aid, agent.role, agent.state, agent.rounds_joined, None)
+
+    async def _play(self) -> None:
+        """Remote agents, timed timeline actions, the rounds, then the protocol's later phases."""
+        saved, plan = self._saved, self.plan
         done = 0 if saved is None else saved["round"]
-        try:
-            if self.remote is not None:
-                await self.remote.begin_run(
-                    self, joins_later, None if saved is None else saved_agents
+        if self.remote is not None:
+            await self.remote.begin_run(
+                self, self._joins_later, None if saved is None else self._saved_agents
+            )
+        for item in self.cfg["timeline"]:
+            if item["time"] is not None and (
+                saved is None or item["time"] > saved["now"] - saved["sim0"]
+            ):
+                self._loop.call_at(
+                    self._sim0 + item["time"],
+                    lambda it=item: asyncio.ensure_future(self._act(it)),
                 )
-            for item in timeline:
-                if item["time"] is not None and (
-                    saved is None or item["time"] > saved["now"] - saved["sim0"]
-                ):
-                    loop.call_at(
-                        sim0 + item["time"], lambda it=item: asyncio.ensure_future(self._act(it))
-                    )
-            if saved is not None and plan.round_gap:
-                await asyncio.sleep(plan.round_gap)  # the gap after the checkpointed round
-            reports = list(self._reports) + await self.server.run_rounds(skip=done)
-            await proto.finish(self.server, reports)
-        finally:
-            for agent in [*self.agents.values(), self.server]:
-                if agent.state == "joined" and not getattr(agent, "remote", False):
-                    await agent.leave()
-            if self.remote is not None:
-                await self.remote.end_run(self)
+        if saved is not None and plan.round_gap:
+            await asyncio.sleep(plan.round_gap)  # the gap after the checkpointed round
+        reports = list(self._reports) + await self.server.run_rounds(skip=done)
+        await self.proto.finish(self.server, reports)
+
+    async def _stop(self) -> None:
+        """Every local agent still joined leaves; remote agents stop where they live."""
+        for agent in [*self.agents.values(), self.server]:
+            if agent.state == "joined" and not getattr(agent, "remote", False):
+                await agent.leave()
+        if self.remote is not None:
+            await self.remote.end_run(self)
+
+    def _collect(self) -> dict:
+        """The run's results: curves, online metric, messages, protocol and transport facts."""
+        curve = self._curve
         result = {
             "seed": self.seed,
-            "rounds": rounds,
+            "rounds": self._rounds,
             "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
-            "sim_times": times,  # simulated seconds at each evaluation
+            "sim_times": self._times,  # simulated seconds at each evaluation
             "online": self.probe.online(),
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
             "contributions": contributions(self._reports),
-            "wall_s": time.perf_counter() - wall0,
-            "sim_s": loop.time() - sim0,
+            "wall_s": time.perf_counter() - self._wall0,
+            "sim_s": self._loop.time() - self._sim0,
         }
-        result.update(proto.report())
-        if asynchronous:
+        result.update(self.proto.report())
+        if isinstance(self.server, AsyncServerAgent):
             result["staleness"] = staleness_summary(self.server.staleness)
             result["versions"] = self.server.version
         if self.ctx.partition is not None:
@@ -717,6 +694,76 @@ class Simulation:
             result["transport"] = self.remote.report()
         result.update(self.probe.extras)
         return result
+
+    # ------------------------------------------------------------------ the server's callbacks
+
+    async def _before_round(self, r: int) -> None:
+        """The timeline's actions for round ``r``."""
+        self.server.plan_round = r
+        for item in self._by_round.get(r, []):
+            await self._act(item)
+
+    def _after_round(self, report: RoundReport) -> None:
+        """Record a finished round: agents' counts, events, the curve, observers."""
+        for aid in report.clients:
+            agent = self.agents.get(aid)
+            if agent is not None:
+                agent.rounds_joined += 1
+                if self._live_table:
+                    self.observer.agent_changed(
+                        aid, agent.role, agent.state, agent.rounds_joined, agent.last_kind
+                    )
+        log.debug(
+            "aggregation",
+            variant=self.variant,
+            repeat=self.repeat,
+            round=report.round,
+            selected=report.selected,
+            replied=report.replied,
+            aggregated=report.aggregated,
+            **report.facts,
+        )
+        if not report.aggregated:  # the model did not change: say so where people look
+            self._emit(
+                "round_empty",
+                round=report.round,
+                selected=report.selected,
+                replied=report.replied,
+                min_clients=self.plan.min_clients,
+            )
+        stats = self.bus.stats.as_dict()
+        self._reports.append(report)
+        sim_time = self._loop.time() - self._sim0
+        if report.metrics is not None:
+            self._rounds.append(report.round)
+            self._curve.append(report.metrics)
+            self._times.append(sim_time)
+        self.observer.round_done(
+            self.variant,
+            self.repeat,
+            report.round,
+            metrics=report.metrics,
+            messages=stats,
+            sim_time=sim_time,
+        )
+
+    def _joined_clients(self) -> list[str]:
+        """Clients and attackers that are in the run now (the server selects among them)."""
+        return [
+            a
+            for a in self.groups["clients"] + self.groups["attackers"]
+            if self.agents[a].state == "joined"
+        ]
+
+    async def _checkpoint_round(self, report: RoundReport) -> None:
+        """Every ``checkpoint.every`` rounds of the training phase: save the run."""
+        if report.round <= self.plan.rounds and report.round % self.checkpoint.every == 0:
+            await self._save(
+                report.round,
+                self._loop.time(),
+                self._sim0,
+                time.perf_counter() - self._wall0,
+            )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -748,12 +795,12 @@ class Simulation:
         return {k: v for k, v in named.items() if v is not None}
 
     def capture_agents(self, ids: list[str]) -> dict[str, dict]:
-        """Each listed local agent's lifecycle state and checkpointed attributes."""
+        """Each listed local agent's lifecycle state and checkpoint state."""
         shared = self.shared_objects()
         return {
             aid: {
                 "state": self.agents[aid].state,
-                "blob": capture(self.agents[aid], shared, AGENT_SKIP),
+                "blob": self.agents[aid].checkpoint_state(shared),
             }
             for aid in ids
         }
@@ -763,7 +810,19 @@ class Simulation:
         shared = self.shared_objects()
         for aid, entry in saved.items():
             if aid in self.agents and not getattr(self.agents[aid], "remote", False):
-                restore(self.agents[aid], entry["blob"], shared)
+                self.agents[aid].restore_state(entry["blob"], shared)
+
+    def _checkpointed(self) -> dict[str, Checkpointed | None]:
+        """The run's objects besides its agents whose state a checkpoint holds (each class
+        declares which of its attributes that is), by their key in the checkpoint."""
+        return {
+            "server": self.server,
+            "strategy": self.proto.strategy,
+            "proto": self.proto,
+            "secure": self.secure.server if self.secure is not None else None,
+            "bus": self.bus,
+            "probe": self.probe,
+        }
 
     async def _save(self, round: int, now: float, sim0: float, wall: float) -> None:
         if self.bus.in_flight:  # a late message is on its way: checkpoint at a quieter round
@@ -772,10 +831,6 @@ class Simulation:
         remote = await self.remote.snapshot(self) if self.remote is not None else {}
         shared = self.shared_objects()
         local = [a for a, ag in self.agents.items() if not getattr(ag, "remote", False)]
-
-        def only(obj: Any, keep: tuple[str, ...]) -> bytes:
-            return capture(obj, shared, [k for k in vars(obj) if k not in keep])
-
         state = {
             "round": round,
             "now": now,
@@ -787,29 +842,18 @@ class Simulation:
             "reports": list(self._reports),
             "agents": self.capture_agents(local),
             "remote": remote,
-            "server": only(self.server, SERVER_STATE),
-            "strategy": capture(self.proto.strategy, shared),
-            "proto": capture(self.proto, shared, ("strategy",)),
-            "secure": capture(self.secure.server, shared) if self.secure is not None else None,
-            "bus": only(self.bus, BUS_STATE),
-            # the displayed-ranking records are plain tuples: pickled as they are (fast)
-            "probe": capture(self.probe, shared, ("_shown",)),
-            "shown": list(self.probe.records()),
         }
+        for key, obj in self._checkpointed().items():
+            state[key] = obj.checkpoint_state(shared) if obj is not None else None
         self.checkpoint.save(state)
         self._emit("checkpoint", round=round)
 
     def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
         shared = self.shared_objects()
         self.restore_agents(agents)
-        restore(self.server, saved["server"], shared)
-        restore(self.proto.strategy, saved["strategy"], shared)
-        restore(self.proto, saved["proto"], shared)
-        if saved["secure"] is not None:
-            restore(self.secure.server, saved["secure"], shared)
-        restore(self.bus, saved["bus"], shared)
-        restore(self.probe, saved["probe"], shared)
-        self.probe.add_records(saved["shown"])
+        for key, obj in self._checkpointed().items():
+            if saved[key] is not None:
+                obj.restore_state(saved[key], shared)
         self._rounds[:] = saved["rounds"]
         self._curve[:] = saved["curve"]
         self._times[:] = saved["times"]
@@ -820,13 +864,15 @@ class Simulation:
         self._emit("resumed", round=saved["round"])
 
 
-class ProtocolRun(ABC):
+class ProtocolRun(Checkpointed, ABC):
     """What a protocol's ``build(ctx)`` returns: the server strategy and its client agents.
 
     Subclasses set ``strategy`` and implement ``client``; the other hooks have safe defaults.
+    Every attribute of a run is checkpoint state but the strategy, which is saved on its own.
     """
 
     strategy: Any
+    checkpoint_skip = ("strategy",)
     #: False when updates reach the server only as a masked sum (robust rules cannot run).
     needs_single_updates: bool = True
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /

@@ -49,7 +49,7 @@ import numpy as np
 
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import click_model as make_click_model
-from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg, ndcg
+from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import Ranker
 from foltr_async.registry import REGISTRY, ProtocolEntry
@@ -485,17 +485,7 @@ class FedIPS(ProtocolRun):
 
     def metrics(self, ranker: Ranker) -> dict[str, float]:
         """Offline nDCG@5 (the paper's) and nDCG@10 (the simulator's) of a ranker."""
-        test = self.ctx.data.test
-        cap = self.ctx.cfg["evaluation"]["max_test_queries"]
-        if cap is not None and cap < test.n_queries:
-            test = self.ctx.shared("fedips.test", lambda: test.subset(np.arange(cap)))
-        scores = ranker.score(test.features)
-        mode = self.ctx.cfg["evaluation"]["no_relevant"]
-        out = {}
-        for k in (5, 10):
-            v = ndcg(scores, test, k=k, no_relevant=mode)
-            out[f"ndcg@{k}"] = float(np.nanmean(v)) if np.isfinite(v).any() else 0.0
-        return out
+        return self.ctx.evaluate(ranker, ("ndcg@5", "ndcg@10"))
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return FedIPSClient(agent_id, self, queries, rng)

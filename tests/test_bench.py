@@ -6,7 +6,9 @@ import math
 import pytest
 import structlog
 
-from foltr_async.bench import FULL, SUITES, TARGETS, main
+from benchmarks.cli import SUITES, main
+from benchmarks.measure import FULL
+from benchmarks.report import TARGETS
 
 
 @pytest.fixture(autouse=True)

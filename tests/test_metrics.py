@@ -15,6 +15,7 @@ from foltr_async.ltr.metrics import (
     mean_ndcg,
     ndcg,
     ndcg_of_ranking,
+    offline_metrics,
 )
 from foltr_async.ltr.queryset import QuerySet
 
@@ -201,3 +202,23 @@ def test_expected_maxrr_matches_simulated_cascade_users():
     assert got[1] > 0.0  # grade-0 documents still get clicks from navigational users
     perfect = expected_maxrr(scores, qs, cascade("perfect", 3).p_click, k=3)
     assert perfect.tolist() == [0.25, 0.0]  # grade 1 at rank 2 (P 0.5); grade 0 never clicked
+
+
+def test_offline_metrics_are_the_per_query_functions_averaged():
+    qs = _qs([[0, 1, 2, 0], [0, 0, 0], [2, 1], [1, 0, 0, 0, 2]])
+    scores = np.random.default_rng(3).standard_normal(qs.n_docs)
+    p_click = np.array([0.1, 0.5, 0.9])
+    names = ("ndcg@10", "ndcg@2", "ndcg", "err@10", "maxrr@10")
+    got = offline_metrics(scores, qs, names, p_click=p_click, max_grade=2)
+    assert list(got) == list(names)
+    assert got["ndcg@2"] == float(np.nanmean(ndcg(scores, qs, 2)))  # the empty query left out
+    assert got["ndcg"] == float(np.nanmean(ndcg(scores, qs, 5)))  # the longest query's depth
+    assert got["err@10"] == float(np.mean(err(scores, qs, 10, max_grade=2)))
+    assert got["maxrr@10"] == float(expected_maxrr(scores, qs, p_click, 10).mean())
+    zero = offline_metrics(scores, qs, ("ndcg@10",), no_relevant="zero")["ndcg@10"]
+    assert zero == float(np.mean(ndcg(scores, qs, 10, no_relevant="zero")))
+    none = _qs([[0, 0], [0]])
+    assert offline_metrics(np.zeros(3), none, ("ndcg@10",)) == {"ndcg@10": 0.0}
+    for bad in ("map@10", "err", "maxrr@10"):  # maxrr needs the users' click probabilities
+        with pytest.raises(ValueError, match="offline metric"):
+            offline_metrics(scores, qs, (bad,))

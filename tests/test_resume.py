@@ -16,7 +16,13 @@ from foltr_async.errors import FoltrError
 from foltr_async.experiment import CHECKPOINT, run_scenario
 from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
-from foltr_async.runtime.checkpoint import CheckpointError, capture, read_checkpoint, restore
+from foltr_async.runtime.checkpoint import (
+    Checkpointed,
+    CheckpointError,
+    capture,
+    read_checkpoint,
+    restore,
+)
 from foltr_async.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +161,26 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     with pytest.raises(CheckpointError, match="which this run lacks"):
         restore(Holder(), blob, {})
     assert issubclass(CheckpointError, FoltrError)
+
+
+def test_a_class_declares_its_checkpoint_state():
+    class Kept(Checkpointed):
+        checkpoint_fields = ("count",)
+
+    class AllBut(Kept):
+        checkpoint_fields = None
+        checkpoint_skip = ("wiring",)
+
+    def filled(cls):
+        obj = cls()
+        obj.count, obj.wiring, obj.cache = 3, object(), [1]
+        return obj
+
+    kept, all_but = Kept(), AllBut()
+    kept.restore_state(filled(Kept).checkpoint_state({}), {})
+    assert vars(kept) == {"count": 3}  # the named fields only
+    all_but.restore_state(filled(AllBut).checkpoint_state({}), {})
+    assert vars(all_but) == {"count": 3, "cache": [1]}  # every attribute but the machinery
 
 
 class _Calls:

@@ -161,6 +161,39 @@ def expected_maxrr(
     return (c * reach / np.arange(1, k + 1)).sum(axis=1)
 
 
+def offline_metrics(
+    scores: np.ndarray,
+    qs: QuerySet,
+    names: tuple[str, ...],
+    *,
+    no_relevant: str = "skip",
+    p_click: np.ndarray | None = None,
+    max_grade: int | None = None,
+) -> dict[str, float]:
+    """The held-out metrics ``names`` of one scoring of ``qs``, each a mean over its queries.
+
+    Every protocol's offline evaluation goes through here, so one metric name means one number:
+    ``ndcg@K`` (under ``no_relevant="skip"`` queries without a relevant document are left out,
+    0.0 when none is left), ``ndcg`` (over every candidate of the longest query), ``err@K``
+    (``max_grade`` as in ``err``) and ``maxrr@K`` (expected, users clicking grade g with
+    ``p_click[g]``).
+    """
+    out = {}
+    for name in names:
+        metric, _, depth = name.partition("@")
+        if metric == "ndcg":
+            k = int(depth) if depth else (int(np.diff(qs.qptr).max()) if qs.n_queries else 10)
+            values = ndcg(scores, qs, k, no_relevant)
+            out[name] = float(np.nanmean(values)) if np.isfinite(values).any() else 0.0
+        elif metric == "err" and depth:
+            out[name] = float(np.mean(err(scores, qs, int(depth), max_grade)))
+        elif metric == "maxrr" and depth and p_click is not None:
+            out[name] = float(expected_maxrr(scores, qs, p_click, int(depth)).mean())
+        else:
+            raise ValueError(f"unknown offline metric {name!r} (or maxrr without p_click)")
+    return out
+
+
 def ndcg_of_ranking(ranked_labels: np.ndarray, all_labels: np.ndarray, k: int = 10) -> float:
     """nDCG@k of one displayed list against all the query's labels; 0 if none is relevant."""
     ideal = dcg_at_k(np.sort(np.asarray(all_labels))[::-1], k)

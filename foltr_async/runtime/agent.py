@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import structlog
 
+from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
 
 if TYPE_CHECKING:
@@ -90,10 +91,13 @@ def handles(kind: str, *more: str) -> Callable[[F], F]:
     return mark
 
 
-class Agent:
+class Agent(Checkpointed):
     """Base class of every participant (server, client, attacker, eavesdropper)."""
 
     role: str = "agent"
+    #: The run's machinery, rebuilt with it; the lifecycle ``state`` is checkpointed apart
+    #: (it decides how the agent restarts). Every other attribute (a subclass's too) is state.
+    checkpoint_skip = ("bus", "inbox", "_task", "_handlers", "state")
     #: kind -> method name, resolved once per class (subclass definitions win).
     _handler_names: ClassVar[dict[str, str]] = {}
 

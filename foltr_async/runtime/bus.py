@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
+from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import (
     DEFAULT_MAX_BYTES,
     REGISTRY,
@@ -126,8 +127,11 @@ class _Tap:
         )
 
 
-class Bus(abc.ABC):
+class Bus(Checkpointed, abc.ABC):
     """Transport interface plus shared bookkeeping (stats, taps, drop reporting)."""
+
+    #: State between rounds: the counters (agents register and tap again as they restart).
+    checkpoint_fields: tuple[str, ...] = ("stats",)
 
     def __init__(self) -> None:
         self.stats = MessageStats()
@@ -229,6 +233,19 @@ class MemoryBus(Bus):
     one for message loss and latency, so the clients online in a round do not depend on how
     much traffic earlier rounds made (variants of one seed share their dropout pattern).
     """
+
+    #: Random streams, presence, sequence numbers and replay guards too (a checkpoint is taken
+    #: when nothing is in flight, so the delivery queue is empty).
+    checkpoint_fields = (
+        *Bus.checkpoint_fields,
+        "round",
+        "_rng_presence",
+        "_rng_net",
+        "_presence",
+        "_guards",
+        "_seq",
+        "_offline",
+    )
 
     def __init__(
         self,

@@ -7,6 +7,8 @@ run's machinery (the bus, the run context, the shared read-only dataset, asyncio
 *name*; ``restore`` loads them into a freshly built object of the same run, resolving each name
 to the fresh run's own machinery. So a protocol needs no ``state()/restore()`` methods: building
 the run again from the same scenario and seed gives the skeleton, the checkpoint its state.
+Which attributes are state is the class's own declaration (``Checkpointed``): the run saves
+each of its objects without knowing their fields.
 
 Rules the pickler follows:
 
@@ -38,10 +40,10 @@ import io
 import os
 import pickle
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FunctionType, NoneType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -49,6 +51,7 @@ from foltr_async.errors import FoltrError
 
 __all__ = [
     "CheckpointError",
+    "Checkpointed",
     "capture",
     "dumps",
     "loads",
@@ -368,9 +371,35 @@ def _hashable(obj: Any) -> bool:
     return True
 
 
-def capture(obj: Any, shared: Mapping[str, Any], skip: Iterable[str] = ()) -> bytes:
-    """Pickle ``obj``'s attributes (all but ``skip``), machinery in ``shared`` by name."""
-    state = {k: v for k, v in vars(obj).items() if k not in set(skip)}
+class Checkpointed:
+    """A run object whose state a checkpoint saves between rounds and loads into the rebuilt run.
+
+    The class declares which of its attributes are state, so the run needs no list of other
+    classes' fields: ``checkpoint_fields`` names them (every other attribute is machinery the
+    rebuilt run makes afresh), or, left None, every attribute but ``checkpoint_skip`` is state.
+    A class whose state is more than its attributes as they are overrides the two methods.
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...] | None] = None
+    checkpoint_skip: ClassVar[tuple[str, ...]] = ()
+
+    def checkpoint_state(self, shared: Mapping[str, Any]) -> Any:
+        """This object's state, the run's machinery in ``shared`` by name."""
+        return capture(self, shared)
+
+    def restore_state(self, state: Any, shared: Mapping[str, Any]) -> None:
+        """Load ``checkpoint_state`` output into this freshly built object."""
+        restore(self, state, shared)
+
+
+def capture(obj: Any, shared: Mapping[str, Any]) -> bytes:
+    """Pickle ``obj``'s state attributes (as its class declares them, see ``Checkpointed``;
+    every attribute when it declares nothing), machinery in ``shared`` by name."""
+    fields = getattr(type(obj), "checkpoint_fields", None)
+    skip = set(getattr(type(obj), "checkpoint_skip", ()))
+    state = {
+        k: v for k, v in vars(obj).items() if (k in fields if fields is not None else k not in skip)
+    }
     return dumps(state, shared)
 
 

@@ -18,6 +18,7 @@ import structlog
 
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.bus import Bus
+from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureServer
 
@@ -36,7 +37,7 @@ class RoundPlan:
     eval_every: int = 1
 
 
-class Strategy(ABC):
+class Strategy(Checkpointed, ABC):
     """The server side of a protocol: what a round broadcasts and how replies become a model."""
 
     broadcast_kind: str
@@ -85,6 +86,9 @@ class ServerAgent(Agent):
     """Runs the rounds; clients are reached only through the bus."""
 
     role = "server"
+    #: Its own state between rounds; the rest is wiring (strategy, plan, callbacks, handlers)
+    #: the rebuilt run makes again, and the strategy is checkpointed on its own.
+    checkpoint_fields = ("rng", "late_replies", "counters", "last_kind", "plan_round")
 
     def __init__(
         self,
@@ -115,6 +119,8 @@ class ServerAgent(Agent):
         self._replies: dict[str, Envelope] = {}
         self._all_in = asyncio.Event()
         self.late_replies = 0
+        #: the round whose timeline actions are being played (the run sets it before each)
+        self.plan_round = 0
         self._side: dict[str, Callable[[Envelope], None]] = {}
         #: secure aggregation (None: plaintext): its phases run around the collection, and the
         #: round's replies are its masked kind, unmasked into one plaintext reply

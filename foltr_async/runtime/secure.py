@@ -37,6 +37,7 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class Phase:
         return {k: self.got[k] for k in sorted(self.got)}
 
 
-class SecureServer(ABC):
+class SecureServer(Checkpointed, ABC):
     """The server half of a scheme, driven by ``ServerAgent.run_rounds``.
 
     Subclasses implement ``_setup`` and ``_unmask`` and raise ``SecureAggregationError`` when a

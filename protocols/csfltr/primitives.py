@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.metrics import err, ndcg
+from foltr_async.ltr.metrics import offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.sketch import (
     DocSketch,
@@ -42,14 +42,8 @@ def listnet_step(w: np.ndarray, qs: QuerySet, lr: float) -> np.ndarray:
 
 
 def evaluate(w: np.ndarray, test: QuerySet) -> dict[str, float]:
-    """nDCG@10, ERR@10 and nDCG (all candidates) of a linear model on the test set."""
-    scores = test.features @ w
-    full = int(np.diff(test.qptr).max()) if test.n_queries else 10
-    return {
-        "ndcg@10": float(np.nanmean(ndcg(scores, test, k=10))),
-        "err@10": float(np.mean(err(scores, test, k=10, max_grade=2))),
-        "ndcg": float(np.nanmean(ndcg(scores, test, k=full))),
-    }
+    """nDCG@10, ERR@10 (grades 0-2) and nDCG (all candidates) of a linear model on the test set."""
+    return offline_metrics(test.features @ w, test, ("ndcg@10", "err@10", "ndcg"), max_grade=2)
 
 
 def rtk_answer(rtk: RTKSketch, cols: np.ndarray, eps: float, rng: np.random.Generator) -> dict:

@@ -157,7 +157,7 @@ def cost(
 ) -> dict[str, Any]:
     """Per-round cost of secure aggregation (or of the plaintext round with ``secure=False``):
     messages and bytes on the bus, wall seconds, and the largest relative error of the unmasked
-    mean against the plaintext FedAvg of the same inputs. For ``foltr_async.bench``."""
+    mean against the plaintext FedAvg of the same inputs. For the bench's ``secagg`` suite."""
     from foltr_async.runtime.clock import run
 
     settings = {"degree": degree, "dropout": dropout, "threshold": threshold} if secure else None

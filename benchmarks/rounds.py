@@ -1,0 +1,235 @@
+"""Suites ``fpdgd`` and ``foltr_es``: whole protocol rounds through the memory bus in virtual
+time, timed after round 1 so start-up is apart (optionally cProfiled); ``fpdgd`` also times
+centralised PDGD interactions and offline evaluation on the same data."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.measure import (
+    FULL,
+    PAPER_ROUNDS,
+    ROOT,
+    DataSource,
+    Sizes,
+    cpu_share,
+    load_data,
+    now,
+    progress,
+    scenario_config,
+    sizes_of,
+)
+from foltr_async.observe.observer import Observer
+
+
+class _Stopwatch(Observer):
+    """Observer that stamps every finished round (and optionally profiles a window of them).
+
+    The last ``agent_changed`` before round 1 ends is when every agent has started, i.e. the
+    end of start-up; ``round_done`` stamps bound whole rounds.
+    """
+
+    def __init__(self, profile_from: int | None = None, profile_to: int | None = None) -> None:
+        self.ready: float | None = None
+        self.rounds: dict[int, tuple[float, float]] = {}
+        self.profile_from, self.profile_to = profile_from, profile_to
+        self.profiler = None
+
+    def agent_changed(self, *args: Any, **kwargs: Any) -> None:
+        if not self.rounds:
+            self.ready = time.perf_counter()
+
+    def round_done(self, variant, repeat, round, *, metrics, messages, sim_time) -> None:
+        if round == self.profile_to and self.profiler is not None:
+            self.profiler.disable()
+        self.rounds[round] = now()
+        if round == self.profile_from:
+            import cProfile
+
+            self.profiler = cProfile.Profile()
+            self.profiler.enable()
+
+
+def _simulate(cfg: dict, window: int, seed: int = 0, profile: bool = False) -> dict:
+    """Run one simulation; time rounds 2 .. window+1 (the last round's extra evaluation is
+    outside the window)."""
+    from foltr_async.runtime.clock import run
+    from foltr_async.simulation import Simulation
+
+    watch = _Stopwatch(1, 1 + window) if profile else _Stopwatch()
+    t0 = time.perf_counter()
+    result = run(Simulation(cfg, seed, watch).run())
+    total = time.perf_counter() - t0
+    first, last = watch.rounds[1], watch.rounds[1 + window]
+    out = {
+        "span_s": last[0] - first[0],
+        "cpu_share": cpu_share(first, last),
+        "setup_s": (watch.ready or t0) - t0,
+        "total_s": total,
+        "sent": result["messages"]["sent"],
+        "dropped": result["messages"]["dropped"],
+    }
+    if profile and watch.profiler is not None:
+        out["profile"] = _top_functions(watch.profiler)
+    return out
+
+
+def _top_functions(profiler, n: int = 20) -> dict[str, list[dict]]:
+    """The ``n`` functions with the most own time, and own time summed per source file
+    (C builtins such as numpy methods count apart as ``~``): where a round's time goes."""
+    import pstats
+
+    st = pstats.Stats(profiler)
+    total = max(1e-9, st.total_tt)  # type: ignore[attr-defined]
+    rows, files = [], {}
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():
+        rel = file
+        with contextlib.suppress(ValueError):
+            rel = str(Path(file).resolve().relative_to(ROOT))
+        rel = rel.split("site-packages/")[-1]
+        rel = re.sub(r"^.*/python3\.\d+/", "stdlib:", rel)
+        files[rel] = files.get(rel, 0.0) + tt
+        rows.append(
+            {
+                "function": f"{rel}:{line}({fn})",
+                "calls": nc,
+                "tottime_s": round(tt, 4),
+                "share": round(tt / total, 4),
+                "cumtime_s": round(ct, 4),
+            }
+        )
+    rows.sort(key=lambda r: -r["tottime_s"])
+    by_file = [
+        {"file": f, "tottime_s": round(t, 4), "share": round(t / total, 4)}
+        for f, t in sorted(files.items(), key=lambda kv: -kv[1])
+    ]
+    return {"functions": rows[:n], "files": by_file[:n]}
+
+
+def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) -> dict[str, dict]:
+    """FPDGD rounds, centralised PDGD interactions and offline evaluation on one dataset."""
+    from foltr_async.ltr.clicks import cascade
+    from foltr_async.ltr.metrics import mean_ndcg
+    from foltr_async.ltr.pdgd import pdgd_interaction
+    from foltr_async.ltr.rankers import LinearRanker
+
+    dataset = src.with_size(sz.n_queries)
+    progress(f"fpdgd: loading {src.describe}")
+    t0 = time.perf_counter()
+    data = load_data(dataset)
+    data_s = time.perf_counter() - t0
+    mode = "partition" if data.train.n_queries >= sz.fpdgd_clients else "shared"
+    batch, rounds = 2, sz.fpdgd_window + 2
+    cfg = scenario_config(dataset, "fpdgd", sz.fpdgd_clients, batch, rounds, 10, mode, seed)
+    progress(
+        f"fpdgd: {sz.fpdgd_clients} clients x {batch} queries, {rounds} rounds "
+        f"(timing {sz.fpdgd_window}), {data.train.n_queries} train queries ({mode})"
+    )
+    run = _simulate(cfg, sz.fpdgd_window, seed)
+    queries = sz.fpdgd_clients * batch * sz.fpdgd_window
+    s_round = run["span_s"] / sz.fpdgd_window
+    scale = FULL.fpdgd_clients / sz.fpdgd_clients  # start-up and rounds grow with the clients
+    fpdgd = {
+        "queries_per_s": queries / run["span_s"],
+        "s_per_round": s_round,
+        "cpu_share": run["cpu_share"],
+        "paper_run_s": data_s + (run["setup_s"] + PAPER_ROUNDS * s_round) * scale,
+        "setup_s": run["setup_s"],
+        "data_s": data_s,
+        "messages_sent": run["sent"],
+        "messages_dropped": run["dropped"],
+        "on": {
+            "clients": sz.fpdgd_clients,
+            "queries_per_client": batch,
+            "timed_rounds": sz.fpdgd_window,
+            "eval_every": 10,
+            "data": mode,
+            "dataset": src.describe,
+            **sizes_of(data),
+        },
+        "note": "paper_run_s = data + start-up + 200 rounds of 1000 clients x 2 queries "
+        "(start-up and rounds scaled linearly to 1000 clients)",
+    }
+    if profile:
+        progress("fpdgd: profiling the same rounds (cProfile)")
+        fpdgd["profile"] = _simulate(cfg, sz.fpdgd_window, seed, profile=True)["profile"]
+
+    progress(f"pdgd: {sz.pdgd_interactions} centralised interactions")
+    rng = np.random.default_rng(seed)
+    ranker = LinearRanker(data.train.n_features)
+    clicks = cascade("informational", data.n_grades)
+    qs = rng.integers(data.train.n_queries, size=sz.pdgd_interactions)
+    t0 = now()
+    for q in qs.tolist():
+        features, labels = data.train.query(q)
+        pdgd_interaction(ranker, features, labels, clicks, rng, lr=0.1)
+    t1 = now()
+    pdgd = {
+        "interactions_per_s": sz.pdgd_interactions / (t1[0] - t0[0]),
+        "cpu_share": cpu_share(t0, t1),
+        "on": {
+            "interactions": sz.pdgd_interactions,
+            "ranker": "linear",
+            "clicks": "informational",
+            "dataset": src.describe,
+        },
+    }
+
+    test = data.test
+    progress(f"eval: {sz.eval_repeats} x nDCG@10 on {test.n_queries} held-out queries")
+    t0 = now()
+    for _ in range(sz.eval_repeats):
+        value = mean_ndcg(ranker.score(test.features), test, 10)
+    t1 = now()
+    eval_s = t1[0] - t0[0]
+    ev = {
+        "queries_per_s": sz.eval_repeats * test.n_queries / eval_s,
+        "s_per_evaluation": eval_s / sz.eval_repeats,
+        "cpu_share": cpu_share(t0, t1),
+        "ndcg@10_after_pdgd": value,
+        "on": {
+            "test_queries": test.n_queries,
+            "test_docs": test.n_docs,
+            "repeats": sz.eval_repeats,
+        },
+    }
+    return {"fpdgd": fpdgd, "pdgd": pdgd, "eval": ev}
+
+
+def bench_foltr_es(src: DataSource, sz: Sizes, seed: int, profile: bool = False) -> dict[str, dict]:
+    """FOLtR-ES rounds without evaluation inside the timed window."""
+    dataset = src.with_size(sz.n_queries)
+    data = load_data(dataset)
+    mode = "partition" if data.train.n_queries >= sz.es_clients else "shared"
+    batch, rounds = 4, sz.es_window + 2
+    cfg = scenario_config(dataset, "foltr_es", sz.es_clients, batch, rounds, 10**6, mode, seed)
+    progress(
+        f"foltr_es: {sz.es_clients} clients x {batch} queries, {rounds} rounds "
+        f"(timing {sz.es_window}, {mode} queries)"
+    )
+    run = _simulate(cfg, sz.es_window, seed)
+    s_round = run["span_s"] / sz.es_window
+    es = {
+        "s_per_round": s_round,
+        "queries_per_s": sz.es_clients * batch / s_round,
+        "cpu_share": run["cpu_share"],
+        "setup_s": run["setup_s"],
+        "on": {
+            "clients": sz.es_clients,
+            "queries_per_client": batch,
+            "timed_rounds": sz.es_window,
+            "data": mode,
+            "dataset": src.describe,
+            **sizes_of(data),
+        },
+    }
+    if profile:
+        progress("foltr_es: profiling the same rounds (cProfile)")
+        es["profile"] = _simulate(cfg, sz.es_window, seed, profile=True)["profile"]
+    return {"foltr_es": es}
