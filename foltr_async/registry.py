@@ -20,8 +20,14 @@ class ProtocolEntry:
 
     name: str
     help: str
-    params: dict[str, Field]
+    #: a ``@parameters`` class: ``[federation.params]`` checked against its ``FIELDS``, and what
+    #: ``RunContext.params`` returns
+    params: type
     build: Callable[..., Any]
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        return self.params.FIELDS
 
 
 @dataclass(frozen=True)
@@ -32,8 +38,13 @@ class BehaviourEntry:
     role: str  # "attacker" | "eavesdropper"
     help: str
     protocols: tuple[str, ...]
-    params: dict[str, Field]
+    #: a ``@parameters`` class: the agent group's own keys (``params.of(group)`` reads them)
+    params: type
     build: Callable[..., Any]
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        return self.params.FIELDS
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,21 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.registry import REGISTRY, ProtocolEntry
-from foltr_async.runtime.agent import Agent, handles
-from foltr_async.runtime.codec import Array, register_kind
-from foltr_async.runtime.engine import Strategy
-from foltr_async.scenario.fields import Field
-from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.users import K, Users
+from protocols.api import (
+    REGISTRY,
+    Agent,
+    Array,
+    K,
+    ProtocolEntry,
+    ProtocolRun,
+    RunContext,
+    Strategy,
+    Users,
+    handles,
+    param,
+    parameters,
+    register_kind,
+)
 
 MODEL = "central.model"
 LOG = "central.log"
@@ -34,12 +42,11 @@ register_kind(
     },
 )
 
-PARAMS = {
-    "lr": Field(float, 0.1, "PDGD learning rate", min=0.0),
-    "batch": Field(
-        int, 0, "interactions per step; 0 = one step per round (FPDGD's schedule)", min=0
-    ),
-}
+
+@parameters
+class Params:
+    lr: float = param(0.1, "PDGD learning rate", min=0.0)
+    batch: int = param(0, "interactions per step; 0 = one step per round (FPDGD's schedule)", min=0)
 
 
 class LoggingClient(Agent):
@@ -82,7 +89,8 @@ class CentralStrategy(Strategy):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.ranker = ctx.new_ranker()
-        self.lr, self.batch = ctx.params["lr"], ctx.params["batch"]
+        p = ctx.params
+        self.lr, self.batch = p.lr, p.batch
 
     def configure_round(self, round: int) -> dict:
         return {"params": self.ranker.get_params()}
@@ -124,6 +132,6 @@ class CentralPDGD(ProtocolRun):
 
 REGISTRY.add(
     ProtocolEntry(
-        "pdgd_central", "centralised PDGD baseline: clients upload click logs", PARAMS, CentralPDGD
+        "pdgd_central", "centralised PDGD baseline: clients upload click logs", Params, CentralPDGD
     )
 )

@@ -68,13 +68,13 @@ from protocols.secagg.primitives import (
     shamir_split,
     to_ring,
 )
-from protocols.secagg.scheme import FIELDS, make_run
+from protocols.secagg.scheme import Settings, make_run
 from protocols.secagg.server import SecAggServer
 
 __all__ = [
-    "FIELDS",
     "SecAggClient",
     "SecAggServer",
+    "Settings",
     "cost",
     "from_ring",
     "harary",
@@ -91,7 +91,12 @@ def _build(ctx, spec: Summable, settings: dict) -> SecureRun:
 
 
 register_scheme(
-    Scheme("secagg", "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree", FIELDS, _build)
+    Scheme(
+        "secagg",
+        "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree",
+        Settings.FIELDS,
+        _build,
+    )
 )
 # FPDGD's update is FedAvg'd by interactions: it can travel masked (declared here, beside the
 # scheme, so fpdgd.py keeps only its reply site change).
@@ -99,7 +104,8 @@ summable("fpdgd", fpdgd.UPDATE, vector="params", weight="n_interactions")
 
 
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
-    return MaskedEavesdropper(aid, ctx, eavesdrop._targets(ctx, group), rng, group["candidates"])
+    targets, candidates = eavesdrop._targets(ctx, group), eavesdrop.Params.of(group).candidates
+    return MaskedEavesdropper(aid, ctx, targets, rng, candidates)
 
 
 REGISTRY.add(
@@ -109,7 +115,7 @@ REGISTRY.add(
         "taps FPDGD uplinks, plain or masked by secure aggregation: update recovery, query "
         "inference",
         ("fpdgd",),
-        dict(REGISTRY.behaviours["eavesdropper"].params),
+        eavesdrop.Params,
         _build_eavesdropper,
     )
 )
