@@ -8,7 +8,8 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
 - ``Agent`` and ``@handles(kind)``: a client is an agent with one handler per message kind;
   ``self.send(dst, kind, body, round)`` is the only way to tell another agent anything.
   ``client_id(i)`` is the one format of client ids. ``reply`` sends a client's update (masked
-  when the scenario turns secure aggregation on).
+  when the scenario turns secure aggregation on); ``summable(protocol, kind, vector, weight)``
+  declares that a protocol's update may be masked (its server only needs the weighted sum).
 - ``Strategy``: the server side of one round (``configure_round`` -> the broadcast body,
   ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
   rest (selection, deadline, late replies, secure aggregation).
@@ -19,7 +20,10 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   protocol's ``[federation.params]``; the scenario is checked against it (one-line errors) and
   code reads ``ctx.params.lr``.
 - ``Users`` and ``K``: a client's users (their queries, clicks and the online metric) and the
-  result-page length.
+  result-page length. ``OnlineClient`` (a ranker copy, users, ``serve(q)`` -> ``Served``) and
+  ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
+  scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
+  puts one of each together.
 - ``REGISTRY``, ``ProtocolEntry``, ``BehaviourEntry``: where a protocol or agent behaviour
   registers the name a scenario uses.
 """
@@ -28,13 +32,18 @@ from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply
+from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
 from protocols.users import K, Users
 
 __all__ = [
     "K",
+    "ModelStrategy",
+    "OnlineClient",
+    "OnlineRun",
+    "Served",
     "REGISTRY",
     "Agent",
     "Array",
@@ -53,4 +62,5 @@ __all__ = [
     "parameters",
     "register_kind",
     "reply",
+    "summable",
 ]

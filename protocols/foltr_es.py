@@ -32,10 +32,10 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
-from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.users import K, Users
+from protocols.online import ModelStrategy, OnlineClient
+from protocols.users import K
 
 MODEL = "foltr_es.model"
 SEED_METRIC = "foltr_es.seed_metric"
@@ -121,24 +121,18 @@ def respond(value: float, other: int | None) -> float:
     return float(LEVELS[level])
 
 
-class ESClient(Agent):
-    role = "client"
-
+class ESClient(OnlineClient):
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
-        super().__init__(agent_id, ctx.bus)
+        super().__init__(agent_id, ctx, queries, rng)
         p = ctx.params
-        self.ranker = ctx.new_ranker()
-        self.users = Users(ctx.data.train, queries, ctx.click_model(), rng, ctx.probe, agent_id)
-        self.rng = rng
         self.sigma, self.p, self.antithetic, self.metric = (
             p.sigma,
             p.p,
             p.antithetic,
             p.metric,
         )
-        self.batch = ctx.cfg["federation"]["queries_per_client"]
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
         batched = isinstance(self.ranker, LinearRanker) and isinstance(
             self.users.click_model, CascadeModel
@@ -295,7 +289,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
     return out
 
 
-class ESStrategy(Strategy):
+class ESStrategy(ModelStrategy):
     """Regenerate perturbations from seeds, estimate the ES gradient, step with Adam."""
 
     broadcast_kind = MODEL
@@ -304,17 +298,12 @@ class ESStrategy(Strategy):
     def __init__(
         self, ctx: RunContext, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
     ) -> None:
-        self.ctx = ctx
-        self.ranker = ctx.new_ranker()
-        self.model = self.ranker.get_params()
+        super().__init__(ctx)
         self.sigma, self.lr = ctx.params.sigma, ctx.params.lr
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.m = np.zeros_like(self.model)
         self.v = np.zeros_like(self.model)
         self.t = 0
-
-    def configure_round(self, round: int) -> dict:
-        return {"params": self.model}
 
     def gradient(self, replies: list) -> np.ndarray:
         g = np.zeros_like(self.model)
@@ -334,10 +323,6 @@ class ESStrategy(Strategy):
         v_hat = self.v / (1 - self.beta2**self.t)
         self.model = self.model + self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
         return {"grad_norm": float(np.linalg.norm(g))}
-
-    def evaluate(self) -> dict[str, float]:
-        self.ranker.set_params(self.model)
-        return self.ctx.evaluate(self.ranker)
 
 
 class FOLtRES(ProtocolRun):

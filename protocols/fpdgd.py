@@ -43,9 +43,10 @@ from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Str, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply
+from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.online import ModelStrategy
 from protocols.users import K, Users
 
 MODEL = "fpdgd.model"
@@ -270,29 +271,11 @@ def train_pool(ctx: RunContext) -> BatchPool:
     return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs))
 
 
-class FPDGDStrategy(Strategy):
+class FPDGDStrategy(ModelStrategy):
     """Server side: broadcast the global weights, aggregate the clients' weights."""
 
     broadcast_kind = MODEL
     reply_kind = UPDATE
-
-    def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self.ranker = ctx.new_ranker()
-        self.model = self.ranker.get_params()
-
-    def configure_round(self, round: int) -> dict:
-        return {"params": self.model}
-
-    def aggregate(self, round: int, replies: list) -> dict:
-        updates = np.stack([r.body["params"] for r in replies])
-        weights = np.array([r.body["n_interactions"] for r in replies], dtype=np.float64)
-        self.model = self.ctx.aggregator.fn(updates, weights, self.ctx.assumed_malicious)
-        return {"clients": len(replies)}
-
-    def evaluate(self) -> dict[str, float]:
-        self.ranker.set_params(self.model)
-        return self.ctx.evaluate(self.ranker)
 
 
 class CalibrationStrategy(Strategy):
@@ -424,6 +407,8 @@ class FPDGD(ProtocolRun):
         )
 
 
+# FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
+summable("fpdgd", UPDATE, vector="params", weight="n_interactions")
 REGISTRY.add(
     ProtocolEntry("fpdgd", "federated PDGD + FedAvg, optional DP and unlearning", Params, FPDGD)
 )

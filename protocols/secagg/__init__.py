@@ -55,8 +55,8 @@ configuration's per-round cost on the real bus with vector clients, for the benc
 from __future__ import annotations
 
 from foltr_async.registry import REGISTRY, BehaviourEntry
-from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme, summable
-from protocols import eavesdrop, fpdgd
+from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
+from protocols import eavesdrop
 from protocols.secagg.client import SecAggClient
 from protocols.secagg.eavesdropper import MaskedEavesdropper
 from protocols.secagg.measurement import cost
@@ -98,9 +98,6 @@ register_scheme(
         _build,
     )
 )
-# FPDGD's update is FedAvg'd by interactions: it can travel masked (declared here, beside the
-# scheme, so fpdgd.py keeps only its reply site change).
-summable("fpdgd", fpdgd.UPDATE, vector="params", weight="n_interactions")
 
 
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
