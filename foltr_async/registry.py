@@ -1,16 +1,20 @@
 """Names a scenario can use: protocols, agent behaviours and aggregators register here.
 
-The runtime never imports a protocol; ``protocols`` registers itself when imported (the CLI and the
-runner do ``import protocols``), and the runner looks entries up by the scenario's names.
+The runtime never imports a protocol; ``protocols`` (and any plugin module named in
+``FOLTR_ASYNC_PLUGINS``) registers itself when ``load_plugins`` imports it, and the runner looks
+entries up by the scenario's names.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from foltr_async.errors import FoltrError
 from foltr_async.scenario.fields import Field
 
 
@@ -20,8 +24,14 @@ class ProtocolEntry:
 
     name: str
     help: str
-    params: dict[str, Field]
+    #: a ``@parameters`` class: ``[federation.params]`` checked against its ``FIELDS``, and what
+    #: ``RunContext.params`` returns
+    params: type
     build: Callable[..., Any]
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        return self.params.FIELDS
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,13 @@ class BehaviourEntry:
     role: str  # "attacker" | "eavesdropper"
     help: str
     protocols: tuple[str, ...]
-    params: dict[str, Field]
+    #: a ``@parameters`` class: the agent group's own keys (``params.of(group)`` reads them)
+    params: type
     build: Callable[..., Any]
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        return self.params.FIELDS
 
 
 @dataclass(frozen=True)
@@ -71,8 +86,19 @@ def suggest(name: str, known: list[str]) -> str:
     return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
+#: Comma-separated modules imported after ``protocols`` (a protocol or attack kept outside the
+#: package, e.g. ``examples.fedavgm``); worker processes inherit it with the environment.
+PLUGINS_ENV = "FOLTR_ASYNC_PLUGINS"
+
+
 def load_plugins() -> Registry:
-    """Import the protocol package so it registers itself; return the filled registry."""
+    """Import the protocol package and the ``FOLTR_ASYNC_PLUGINS`` modules so they register
+    themselves; return the filled registry."""
     import protocols  # noqa: F401  (registration happens on import)
 
+    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise FoltrError(f"{PLUGINS_ENV}: cannot import {name!r}: {e}") from None
     return REGISTRY

@@ -150,8 +150,10 @@ class RunContext:
         return self.n_malicious if m is None else m
 
     @property
-    def params(self) -> dict:
-        return self.cfg["federation"]["params"]
+    def params(self) -> Any:
+        """The protocol's ``@parameters`` instance of ``[federation.params]`` (checked)."""
+        fed = self.cfg["federation"]
+        return REGISTRY.protocols[fed["protocol"]].params(**fed["params"])
 
     def rng(self, *path: str | int) -> np.random.Generator:
         return stream(self.seed, *path)

@@ -36,7 +36,7 @@ from foltr_async.errors import ScenarioError
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.codec import Array, DropMessage, decode, register_kind
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from protocols.aggregation import krum
 from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
 
@@ -364,40 +364,68 @@ def coalition_of(ctx, group: dict) -> list[str]:
 
 def _build_colluder(cls, ctx, group, aid, queries, rng, **extra):
     coalition = coalition_of(ctx, group)
+    p = CollusionParams.of(group)
     try:
         return cls(
             aid,
             ctx,
             queries,
             rng,
-            attacking=group["attacking"],
+            attacking=p.attacking,
             coalition=coalition,
-            knowledge=group["knowledge"],
-            wait=group["wait"],
+            knowledge=p.knowledge,
+            wait=p.wait,
             **extra,
         )
     except ValueError as e:
         raise ScenarioError(f"agents: behaviour {group['behaviour']!r}: {e}") from None
 
 
-COMMON = {"attacking": Field(bool, True, "attack from the start (else wait for attack_start)")}
-COLLUDE = {
-    **COMMON,
-    "knowledge": Field(
-        str,
+@parameters
+class AttackParams:
+    attacking: bool = param(True, "attack from the start (else wait for attack_start)")
+
+
+@parameters
+class ReversalParams(AttackParams):
+    z: float = param(2.0, "reversal scale z", min=0.0)
+
+
+@parameters
+class CollusionParams(AttackParams):
+    knowledge: str = param(
         "partial",
         "what the colluders know: their own honest updates "
         "(partial) or also every honest update, tapped from the bus (full)",
         choices=("partial", "full"),
-    ),
-    "wait": Field(
-        float,
+    )
+    wait: float = param(
         10.0,
         "simulated seconds a colluder waits for the coalition's "
         "knowledge before crafting from what it has",
         min=0.0,
-    ),
-}
+    )
+
+
+@parameters
+class FangParams(CollusionParams):
+    target: str = param(
+        "krum",
+        "the rule attacked: krum (also Multi-Krum) or trimmed_mean (also median)",
+        choices=("krum", "trimmed_mean"),
+    )
+    b: float = param(2.0, "Fang's b for the full-knowledge trimmed-mean ranges", min=1.0)
+
+
+def _build_reversal(ctx, proto, group, aid, queries, rng):
+    p = ReversalParams.of(group)
+    return ScaledReversalClient(aid, ctx, queries, rng, attacking=p.attacking, z=p.z)
+
+
+def _build_fang(ctx, proto, group, aid, queries, rng):
+    p = FangParams.of(group)
+    return _build_colluder(FangClient, ctx, group, aid, queries, rng, target=p.target, b=p.b)
+
 
 REGISTRY.add(
     BehaviourEntry(
@@ -405,9 +433,9 @@ REGISTRY.add(
         "attacker",
         "learns from the poison click model",
         ("fpdgd",),
-        COMMON,
+        AttackParams,
         lambda ctx, proto, g, aid, q, rng: DataPoisonClient(
-            aid, ctx, q, rng, attacking=g["attacking"]
+            aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
         ),
     )
 )
@@ -417,10 +445,8 @@ REGISTRY.add(
         "attacker",
         "sends -z times its local model",
         ("fpdgd",),
-        {**COMMON, "z": Field(float, 2.0, "reversal scale z", min=0.0)},
-        lambda ctx, proto, g, aid, q, rng: ScaledReversalClient(
-            aid, ctx, q, rng, attacking=g["attacking"], z=g["z"]
-        ),
+        ReversalParams,
+        _build_reversal,
     )
 )
 REGISTRY.add(
@@ -429,7 +455,7 @@ REGISTRY.add(
         "attacker",
         "Little Is Enough: colluders send mu - z sigma (Baruch et al. 2019)",
         ("fpdgd",),
-        COLLUDE,
+        CollusionParams,
         lambda ctx, proto, g, aid, q, rng: _build_colluder(LIEClient, ctx, g, aid, q, rng),
     )
 )
@@ -439,18 +465,7 @@ REGISTRY.add(
         "attacker",
         "Fang et al. 2020 local model poisoning against Krum or trimmed mean",
         ("fpdgd",),
-        {
-            **COLLUDE,
-            "target": Field(
-                str,
-                "krum",
-                "the rule attacked: krum (also Multi-Krum) or trimmed_mean (also median)",
-                choices=("krum", "trimmed_mean"),
-            ),
-            "b": Field(float, 2.0, "Fang's b for the full-knowledge trimmed-mean ranges", min=1.0),
-        },
-        lambda ctx, proto, g, aid, q, rng: _build_colluder(
-            FangClient, ctx, g, aid, q, rng, target=g["target"], b=g["b"]
-        ),
+        FangParams,
+        _build_fang,
     )
 )

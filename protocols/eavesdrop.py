@@ -45,7 +45,7 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from protocols import foltr_es, fpdgd
 
 __all__ = [
@@ -233,7 +233,7 @@ class FPDGDEavesdropper(TapEavesdropper):
         std = math.sqrt(max(ss / n - mean * mean, 0.0)) if n else None
         out = {
             **self.scope(),
-            "dp": self.ctx.params["dp"],
+            "dp": self.ctx.params.dp,
             "updates": int(n),
             "cosine_mean": mean,
             "cosine_std": std,
@@ -258,8 +258,8 @@ class ESEavesdropper(TapEavesdropper):
 
     def __init__(self, agent_id, ctx, targets) -> None:
         super().__init__(agent_id, ctx, targets)
-        self.p = ctx.params["p"]
-        self.discrete = ctx.params["metric"] == "maxrr"
+        self.p = ctx.params.p
+        self.discrete = ctx.params.metric == "maxrr"
         n = len(foltr_es.LEVELS)
         self.confusion = np.zeros((n, n), dtype=np.int64)  # [sent level, true level]
         self.missed = 0
@@ -297,7 +297,7 @@ class ESEavesdropper(TapEavesdropper):
 
 def _targets(ctx, group: dict) -> list[str] | None:
     """The scenario's ``targets``: "all" (None) or a list of existing client ids."""
-    value = group["targets"]
+    value = Params.of(group).targets
     if value == "all":
         return None
     if isinstance(value, str) or not value or not all(isinstance(t, str) for t in value):
@@ -316,11 +316,17 @@ def _targets(ctx, group: dict) -> list[str] | None:
     return sorted(set(value))
 
 
+@parameters
+class Params:
+    targets: list | str = param([client_id(0)], 'client ids whose links are tapped, or "all"')
+    candidates: int = param(10, "FPDGD query inference: candidate queries per guess", min=2)
+
+
 def _build(ctx, proto, group, aid, queries, rng):
     targets = _targets(ctx, group)
     if ctx.cfg["federation"]["protocol"] == "foltr_es":
         return ESEavesdropper(aid, ctx, targets)
-    return FPDGDEavesdropper(aid, ctx, targets, rng, group["candidates"])
+    return FPDGDEavesdropper(aid, ctx, targets, rng, Params.of(group).candidates)
 
 
 REGISTRY.add(
@@ -329,14 +335,7 @@ REGISTRY.add(
         "eavesdropper",
         "taps client links: FPDGD update recovery and query inference, FOLtR-ES metric guessing",
         ("fpdgd", "foltr_es"),
-        {
-            "targets": Field(
-                (list, str), [client_id(0)], 'client ids whose links are tapped, or "all"'
-            ),
-            "candidates": Field(
-                int, 10, "FPDGD query inference: candidate queries per guess", min=2
-            ),
-        },
+        Params,
         _build,
     )
 )

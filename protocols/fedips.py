@@ -56,7 +56,7 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Opt, register_kind
 from foltr_async.runtime.engine import Strategy
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
 
 MODEL = "fedips.model"
@@ -85,40 +85,39 @@ register_kind(
 ESTIMATORS = ("ips", "naive", "full_info")
 PROPENSITIES = ("oracle", "global", "em")
 
-PARAMS = {
-    "estimator": Field(
-        str,
+
+@parameters
+class Params:
+    estimator: str = param(
         "ips",
         "ips (FedIPS), naive (FedAvg without IPS) or full_info (LambdaRank on true labels)",
         choices=ESTIMATORS,
-    ),
-    "propensity": Field(
-        str,
+    )
+    propensity: str = param(
         "oracle",
         "what clients divide by: their users' own examination, "
         "the population's, or a federated regression-EM estimate",
         choices=PROPENSITIES,
-    ),
-    "gamma": Field(float, 1.0, "position bias: mean of the users' examination exponent", min=0.0),
-    "gamma_sd": Field(float, 0.1, "spread of the users' exponents (left-truncated at 0)", min=0.0),
-    "noise": Field(
-        float, 0.1, "click probability of an examined non-relevant document", min=0.0, max=1.0
-    ),
-    "k": Field(int, 5, "documents shown per query (top k of the logging policy)", min=1),
-    "lr_local": Field(float, 0.003, "local SGD step (eta_l)", min=0.0),
-    "lr_global": Field(float, 1.0, "server step on the mean update (eta_g)", min=0.0),
-    "local_epochs": Field(int, 1, "passes over the round's queries", min=1),
-    "logging_fraction": Field(
-        float, 0.01, "share of training queries f0 is trained on", min=0.0, max=1.0
-    ),
-    "logging_epochs": Field(int, 20, "full-information LambdaRank epochs training f0", min=0),
-    "logging_lr": Field(float, 0.01, "f0's LambdaRank step", min=0.0),
-    "em_lr": Field(float, 1.0, "regression EM: relevance regression step", min=0.0),
-    "em_local_steps": Field(int, 20, "regression EM: a client's relevance regression steps", min=1),
-    "em_step": Field(
-        float, 0.2, "regression EM: move of theta towards a round's M-step", min=0.0, max=1.0
-    ),
-}
+    )
+    gamma: float = param(1.0, "position bias: mean of the users' examination exponent", min=0.0)
+    gamma_sd: float = param(0.1, "spread of the users' exponents (left-truncated at 0)", min=0.0)
+    noise: float = param(
+        0.1, "click probability of an examined non-relevant document", min=0.0, max=1.0
+    )
+    k: int = param(5, "documents shown per query (top k of the logging policy)", min=1)
+    lr_local: float = param(0.003, "local SGD step (eta_l)", min=0.0)
+    lr_global: float = param(1.0, "server step on the mean update (eta_g)", min=0.0)
+    local_epochs: int = param(1, "passes over the round's queries", min=1)
+    logging_fraction: float = param(
+        0.01, "share of training queries f0 is trained on", min=0.0, max=1.0
+    )
+    logging_epochs: int = param(20, "full-information LambdaRank epochs training f0", min=0)
+    logging_lr: float = param(0.01, "f0's LambdaRank step", min=0.0)
+    em_lr: float = param(1.0, "regression EM: relevance regression step", min=0.0)
+    em_local_steps: int = param(20, "regression EM: a client's relevance regression steps", min=1)
+    em_step: float = param(
+        0.2, "regression EM: move of theta towards a round's M-step", min=0.0, max=1.0
+    )
 
 
 # ------------------------------------------------------------------------------ pure pieces
@@ -312,18 +311,18 @@ class Logging:
         p = ctx.params
         train = ctx.data.train
         rng = ctx.rng("fedips", "logging")
-        n = max(1, int(round(p["logging_fraction"] * train.n_queries)))
+        n = max(1, int(round(p.logging_fraction * train.n_queries)))
         self.queries = np.sort(rng.choice(train.n_queries, size=n, replace=False))
         ranker = ctx.new_ranker()
-        train_lambdarank(ranker, train, self.queries, p["logging_epochs"], p["logging_lr"], rng)
+        train_lambdarank(ranker, train, self.queries, p.logging_epochs, p.logging_lr, rng)
         self.weights = ranker.get_params()
         self.ranker = ranker
-        self.table = top_k_table(train, ranker.score(train.features), p["k"])
+        self.table = top_k_table(train, ranker.score(train.features), p.k)
         labels = np.where(self.table >= 0, train.labels[train.qptr[:-1, None] + self.table], -1)
         self.labels = labels.astype(np.int8)  # shown grades (oracle, for clicks and the metric)
         self.labels.setflags(write=False)
         # P(click | examined) of every shown document: a client multiplies by its examination
-        self.click_factor = pbm_click_probability(self.labels, np.ones(p["k"]), relevant, noise)
+        self.click_factor = pbm_click_probability(self.labels, np.ones(p.k), relevant, noise)
         self.click_factor.setflags(write=False)
         shown = np.where(self.labels >= 0, self.labels, 0)
         ideal = ideal_dcg(train, 10)
@@ -345,7 +344,7 @@ class FedIPSClient(Agent):
         self.queries = queries
         self.rng = rng
         p = run.ctx.params
-        self.gamma_user = truncated_normal(rng, p["gamma"], p["gamma_sd"])
+        self.gamma_user = truncated_normal(rng, p.gamma, p.gamma_sd)
         self.batch = run.ctx.batch_of(agent_id)
         self.round = 0
 
@@ -416,7 +415,7 @@ class FedIPSClient(Agent):
             features, w_rel = train.features[docs], env.body["relevance"]
             e, n, targets = em_statistics(estimate, w_rel, features, pos, clicks[q_rows, pos])
             p = run.ctx.params
-            w = fit_relevance(w_rel, features, targets, p["em_local_steps"], p["em_lr"])
+            w = fit_relevance(w_rel, features, targets, p.em_local_steps, p.em_lr)
             body.update(em_examined=e, em_shown=n, em_relevance=w - w_rel)
         self.send(env.src, UPDATE, body, env.round)
 
@@ -454,7 +453,7 @@ class FedIPSStrategy(Strategy):
                 self.theta,
                 sum(r.body["em_examined"] for r in replies),
                 sum(r.body["em_shown"] for r in replies),
-                self.ctx.params["em_step"],
+                self.ctx.params.em_step,
             )
             self.w_rel = self.w_rel + np.mean([r.body["em_relevance"] for r in replies], axis=0)
             facts["theta"] = self.propensity().round(4).tolist()
@@ -474,10 +473,10 @@ class FedIPS(ProtocolRun):
                 "statistics in plaintext (no secure-aggregation support)"
             )
         self.ctx = ctx
-        self.estimator, self.propensity = p["estimator"], p["propensity"]
-        self.gamma, self.noise, self.k = p["gamma"], p["noise"], p["k"]
-        self.lr_local, self.lr_global = p["lr_local"], p["lr_global"]
-        self.local_epochs = p["local_epochs"]
+        self.estimator, self.propensity = p.estimator, p.propensity
+        self.gamma, self.noise, self.k = p.gamma, p.noise, p.k
+        self.lr_local, self.lr_global = p.lr_local, p.lr_global
+        self.local_epochs = p.local_epochs
         self.relevant = np.array(sorted(make_click_model("pbm", ctx.data.n_grades).relevant))
         self.logging = ctx.shared("fedips.logging", lambda: Logging(ctx, self.relevant, self.noise))
         self.scratch = ctx.shared("fedips.scratch", ctx.new_ranker)
@@ -512,7 +511,7 @@ REGISTRY.add(
         "fedips",
         "FedIPS: IPS-weighted local SGD on position-biased clicks, "
         "FedOpt server (baselines: naive FedAvg, full-info LambdaRank)",
-        PARAMS,
+        Params,
         FedIPS,
     )
 )

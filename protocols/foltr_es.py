@@ -32,10 +32,10 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
-from foltr_async.runtime.engine import Strategy
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.users import K, Users
+from protocols.online import ModelStrategy, OnlineClient
+from protocols.users import K
 
 MODEL = "foltr_es.model"
 SEED_METRIC = "foltr_es.seed_metric"
@@ -56,18 +56,17 @@ LEVELS = np.array([0.0] + [1.0 / r for r in range(K, 0, -1)])  # the 11 MaxRR@10
 #: client, serving together is 2.5x slower for 1, even for 2, 1.3x faster for 3, 1.6x for 6.
 MIN_BATCH = 3
 
-PARAMS = {
-    "sigma": Field(float, 0.01, "perturbation standard deviation", min=1e-9),
-    "lr": Field(float, 0.001, "Adam learning rate", min=0.0),
-    "p": Field(
-        float, 1.0, "privatisation: probability of sending the true metric", min=0.0, max=1.0
-    ),
-    "antithetic": Field(bool, True, "serve half the queries with theta - e"),
-    "metric": Field(str, "maxrr", "click metric", choices=("maxrr", "dcg")),
-    "accounting_delta": Field(
-        float, 1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
-    ),
-}
+
+@parameters
+class Params:
+    sigma: float = param(0.01, "perturbation standard deviation", min=1e-9)
+    lr: float = param(0.001, "Adam learning rate", min=0.0)
+    p: float = param(1.0, "privatisation: probability of sending the true metric", min=0.0, max=1.0)
+    antithetic: bool = param(True, "serve half the queries with theta - e")
+    metric: str = param("maxrr", "click metric", choices=("maxrr", "dcg"))
+    accounting_delta: float = param(
+        1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
+    )
 
 
 #: Perturbations drawn and not yet asked for again, by (seed, size, sigma); see ``perturbation``.
@@ -122,24 +121,18 @@ def respond(value: float, other: int | None) -> float:
     return float(LEVELS[level])
 
 
-class ESClient(Agent):
-    role = "client"
-
+class ESClient(OnlineClient):
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
-        super().__init__(agent_id, ctx.bus)
+        super().__init__(agent_id, ctx, queries, rng)
         p = ctx.params
-        self.ranker = ctx.new_ranker()
-        self.users = Users(ctx.data.train, queries, ctx.click_model(), rng, ctx.probe, agent_id)
-        self.rng = rng
         self.sigma, self.p, self.antithetic, self.metric = (
-            p["sigma"],
-            p["p"],
-            p["antithetic"],
-            p["metric"],
+            p.sigma,
+            p.p,
+            p.antithetic,
+            p.metric,
         )
-        self.batch = ctx.cfg["federation"]["queries_per_client"]
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
         batched = isinstance(self.ranker, LinearRanker) and isinstance(
             self.users.click_model, CascadeModel
@@ -296,7 +289,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
     return out
 
 
-class ESStrategy(Strategy):
+class ESStrategy(ModelStrategy):
     """Regenerate perturbations from seeds, estimate the ES gradient, step with Adam."""
 
     broadcast_kind = MODEL
@@ -305,17 +298,12 @@ class ESStrategy(Strategy):
     def __init__(
         self, ctx: RunContext, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
     ) -> None:
-        self.ctx = ctx
-        self.ranker = ctx.new_ranker()
-        self.model = self.ranker.get_params()
-        self.sigma, self.lr = ctx.params["sigma"], ctx.params["lr"]
+        super().__init__(ctx)
+        self.sigma, self.lr = ctx.params.sigma, ctx.params.lr
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.m = np.zeros_like(self.model)
         self.v = np.zeros_like(self.model)
         self.t = 0
-
-    def configure_round(self, round: int) -> dict:
-        return {"params": self.model}
 
     def gradient(self, replies: list) -> np.ndarray:
         g = np.zeros_like(self.model)
@@ -336,14 +324,10 @@ class ESStrategy(Strategy):
         self.model = self.model + self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
         return {"grad_norm": float(np.linalg.norm(g))}
 
-    def evaluate(self) -> dict[str, float]:
-        self.ranker.set_params(self.model)
-        return self.ctx.evaluate(self.ranker)
-
 
 class FOLtRES(ProtocolRun):
     def __init__(self, ctx: RunContext) -> None:
-        if ctx.params["metric"] == "dcg" and ctx.params["p"] < 1.0:
+        if ctx.params.metric == "dcg" and ctx.params.p < 1.0:
             raise ScenarioError(
                 "federation.params.p: privatisation needs the discrete "
                 "metric 'maxrr' (set p = 1.0 with metric = 'dcg')"
@@ -361,7 +345,7 @@ class FOLtRES(ProtocolRun):
         self.last_round = reports[-1].round if reports else 0
 
     def report(self) -> dict:
-        p = self.ctx.params["p"]
+        p = self.ctx.params.p
         eps = epsilon_bound(p)
         privacy = {"p": p, "levels": len(LEVELS), "epsilon": None if math.isinf(eps) else eps}
         if p < 1.0:
@@ -373,20 +357,20 @@ class FOLtRES(ProtocolRun):
         antithetic variates, m-: two per round taken part in), by basic composition, RDP, PLD."""
         cfg, p = self.ctx.cfg, self.ctx.params
         n = cfg["federation"]["clients"] + self.ctx.n_malicious
-        per_round = 2 if p["antithetic"] and cfg["federation"]["queries_per_client"] >= 2 else 1
+        per_round = 2 if p.antithetic and cfg["federation"]["queries_per_client"] >= 2 else 1
         every, last = cfg["evaluation"]["every"], self.last_round
         return account(
-            randomised_response(p["p"], len(LEVELS)),
+            randomised_response(p.p, len(LEVELS)),
             self.taken_part,
             [client_id(i) for i in range(n)],
             [r for r in range(1, last + 1) if r % every == 0 or r == last],
-            p["accounting_delta"],
+            p.accounting_delta,
             releases_per_round=per_round,
         )
 
 
 REGISTRY.add(
     ProtocolEntry(
-        "foltr_es", "FOLtR-ES: seeds and privatised metrics, Adam server", PARAMS, FOLtRES
+        "foltr_es", "FOLtR-ES: seeds and privatised metrics, Adam server", Params, FOLtRES
     )
 )

@@ -43,9 +43,10 @@ from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Str, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply
-from foltr_async.scenario.fields import Field
+from foltr_async.runtime.secure import reply, summable
+from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.online import ModelStrategy
 from protocols.users import K, Users
 
 MODEL = "fpdgd.model"
@@ -59,23 +60,26 @@ register_kind(UNLEARN, {"client": Str(max_len=64)})
 register_kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)})
 register_kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)})
 
-PARAMS = {
-    "lr": Field(float, 0.1, "PDGD learning rate", min=0.0),
-    "dp": Field(bool, False, "differential privacy (clip + Gamma-difference noise)"),
-    "epsilon": Field(float, 4.5, "DP epsilon per round", min=1e-6),
-    "sensitivity": Field(float, 5.0, "DP sensitivity Delta", min=1e-9),
-    "clip": Field(
-        str, "half", "clip norm: Delta/2 (paper) or Delta (authors' code)", choices=("half", "full")
-    ),
-    "accounting_delta": Field(
-        float, 1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
-    ),
-    "store_every": Field(int, 10, "unlearning: clients store their update every N rounds", min=1),
-    "calibration_steps": Field(int, 2, "unlearning: local interactions n' per calibration", min=1),
-    "compute_time": Field(
-        float, 0.0, "simulated seconds of local training per interaction", min=0.0
-    ),
-}
+
+@parameters
+class Params:
+    lr: float = param(0.1, "PDGD learning rate", min=0.0)
+    dp: bool = param(False, "differential privacy (clip + Gamma-difference noise)")
+    epsilon: float = param(4.5, "DP epsilon per round", min=1e-6)
+    sensitivity: float = param(5.0, "DP sensitivity Delta", min=1e-9)
+    clip: str = param(
+        "half", "clip norm: Delta/2 (paper) or Delta (authors' code)", choices=("half", "full")
+    )
+    accounting_delta: float = param(
+        1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
+    )
+    store_every: int = param(10, "unlearning: clients store their update every N rounds", min=1)
+    calibration_steps: int = param(2, "unlearning: local interactions n' per calibration", min=1)
+    compute_time: float = param(0.0, "simulated seconds of local training per interaction", min=0.0)
+
+    @property
+    def clip_norm(self) -> float:
+        return self.sensitivity / (2.0 if self.clip == "half" else 1.0)
 
 
 def clip_norm(theta: np.ndarray, bound: float) -> np.ndarray:
@@ -120,11 +124,11 @@ class LocalLearner:
             owner,
         )
         self.rng = rng
-        self.lr = p["lr"]
-        self.dp = p.get("dp", False)  # asynchronous FPDGD has no DP parameters
+        self.lr = p.lr
+        self.dp = getattr(p, "dp", False)  # asynchronous FPDGD has no DP parameters
         if self.dp:
-            self.bound = p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0)
-            self.noise_scale = p["sensitivity"] / p["epsilon"]
+            self.bound = p.clip_norm
+            self.noise_scale = p.sensitivity / p.epsilon
         self.n_clients = ctx.cfg["federation"]["clients"] + ctx.n_malicious
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:
@@ -180,11 +184,12 @@ class FPDGDClient(Agent):
         super().__init__(agent_id, ctx.bus)
         self.learner = LocalLearner(ctx, queries, rng, click_model, agent_id)
         self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
-        self.store_every = ctx.params.get("store_every")
-        self.calibration_steps = ctx.params.get("calibration_steps")
+        p = ctx.params  # asynchronous FPDGD's clients neither store nor calibrate
+        self.store_every = getattr(p, "store_every", None)
+        self.calibration_steps = getattr(p, "calibration_steps", None)
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
-        self.compute_time = ctx.params["compute_time"] * ctx.compute_scale(agent_id)
+        self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
         linear = isinstance(self.learner.ranker, LinearRanker)
         self.pool = train_pool(ctx) if linear else None
 
@@ -266,29 +271,11 @@ def train_pool(ctx: RunContext) -> BatchPool:
     return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs))
 
 
-class FPDGDStrategy(Strategy):
+class FPDGDStrategy(ModelStrategy):
     """Server side: broadcast the global weights, aggregate the clients' weights."""
 
     broadcast_kind = MODEL
     reply_kind = UPDATE
-
-    def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self.ranker = ctx.new_ranker()
-        self.model = self.ranker.get_params()
-
-    def configure_round(self, round: int) -> dict:
-        return {"params": self.model}
-
-    def aggregate(self, round: int, replies: list) -> dict:
-        updates = np.stack([r.body["params"] for r in replies])
-        weights = np.array([r.body["n_interactions"] for r in replies], dtype=np.float64)
-        self.model = self.ctx.aggregator.fn(updates, weights, self.ctx.assumed_malicious)
-        return {"clients": len(replies)}
-
-    def evaluate(self) -> dict[str, float]:
-        self.ranker.set_params(self.model)
-        return self.ctx.evaluate(self.ranker)
 
 
 class CalibrationStrategy(Strategy):
@@ -355,7 +342,7 @@ class FPDGD(ProtocolRun):
             return
         p, fed = self.ctx.params, self.ctx.cfg["federation"]
         last = reports[-1].round if reports else 0
-        stored_rounds = list(range(p["store_every"], last + 1, p["store_every"]))
+        stored_rounds = list(range(p.store_every, last + 1, p.store_every))
         if not stored_rounds:
             self.ctx.emit("unlearn_skipped", reason="no stored updates yet")
             return
@@ -371,7 +358,7 @@ class FPDGD(ProtocolRun):
             "clients": sorted(self.leavers),
             "requested_round": min(self.leavers.values()),
             "calibration_rounds": len(stored_rounds),
-            "calibration_interactions": int(sum(remaining)) * p["calibration_steps"],
+            "calibration_interactions": int(sum(remaining)) * p.calibration_steps,
             # retraining = every training round again, without the leavers
             "retrain_interactions": len(reports)
             * (n_clients - len(self.leavers))
@@ -388,18 +375,18 @@ class FPDGD(ProtocolRun):
     def report(self) -> dict:
         p, fed = self.ctx.params, self.ctx.cfg["federation"]
         out = {"unlearning": self.cost} if self.cost else {}
-        if not p["dp"]:
+        if not p.dp:
             return {**out, "privacy": {"dp": False}}
         return {
             **out,
             "privacy": {
                 "dp": True,
-                "epsilon": p["epsilon"],
-                "sensitivity": p["sensitivity"],
-                "clip_norm": p["sensitivity"] / (2.0 if p["clip"] == "half" else 1.0),
+                "epsilon": p.epsilon,
+                "sensitivity": p.sensitivity,
+                "clip_norm": p.clip_norm,
                 "noise": "sum over clients of Gamma(1/|C|, Delta/epsilon) differences = "
                 "Laplace(Delta/epsilon) per coordinate",
-                "epsilon_basic_composition": p["epsilon"] * fed["rounds"],
+                "epsilon_basic_composition": p.epsilon * fed["rounds"],
                 **self.accounting(),
             },
         }
@@ -412,14 +399,16 @@ class FPDGD(ProtocolRun):
         n = fed["clients"] + self.ctx.n_malicious
         last = self.last_round
         return account(
-            laplace(self.ctx.params["epsilon"]),
+            laplace(self.ctx.params.epsilon),
             self.taken_part,
             [client_id(i) for i in range(n)],
             [r for r in range(1, last + 1) if r % every == 0 or r == last],
-            self.ctx.params["accounting_delta"],
+            self.ctx.params.accounting_delta,
         )
 
 
+# FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
+summable("fpdgd", UPDATE, vector="params", weight="n_interactions")
 REGISTRY.add(
-    ProtocolEntry("fpdgd", "federated PDGD + FedAvg, optional DP and unlearning", PARAMS, FPDGD)
+    ProtocolEntry("fpdgd", "federated PDGD + FedAvg, optional DP and unlearning", Params, FPDGD)
 )

@@ -27,27 +27,27 @@ from foltr_async.errors import ScenarioError
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
-from protocols.fpdgd import PARAMS as FPDGD_PARAMS
 
-PARAMS = {
-    "lr": FPDGD_PARAMS["lr"],
-    "compute_time": Field(
-        float, 1.0, "simulated seconds of local training per interaction (> 0)", min=0.0
-    ),
-    "mode": Field(str, "fedasync", "server rule", choices=("fedasync", "fedbuff")),
-    "alpha": Field(float, 0.6, "FedAsync mixing weight", min=0.0, max=1.0),
-    "staleness": Field(
-        str, "polynomial", "staleness function s", choices=("constant", "polynomial", "hinge")
-    ),
-    "staleness_a": Field(float, 0.5, "a of the polynomial / hinge staleness function", min=0.0),
-    "staleness_b": Field(float, 4.0, "b of the hinge staleness function", min=0.0),
-    "buffer": Field(int, 10, "FedBuff: updates per server step (K)", min=1),
-    "server_lr": Field(float, 1.0, "FedBuff: server learning rate eta_g", min=0.0),
-    "period": Field(float, 10.0, "simulated seconds per reporting period (one round)", min=1e-9),
-}
+
+@parameters
+class Params:
+    lr: float = param(0.1, "PDGD learning rate", min=0.0)
+    compute_time: float = param(
+        1.0, "simulated seconds of local training per interaction (> 0)", min=0.0
+    )
+    mode: str = param("fedasync", "server rule", choices=("fedasync", "fedbuff"))
+    alpha: float = param(0.6, "FedAsync mixing weight", min=0.0, max=1.0)
+    staleness: str = param(
+        "polynomial", "staleness function s", choices=("constant", "polynomial", "hinge")
+    )
+    staleness_a: float = param(0.5, "a of the polynomial / hinge staleness function", min=0.0)
+    staleness_b: float = param(4.0, "b of the hinge staleness function", min=0.0)
+    buffer: int = param(10, "FedBuff: updates per server step (K)", min=1)
+    server_lr: float = param(1.0, "FedBuff: server learning rate eta_g", min=0.0)
+    period: float = param(10.0, "simulated seconds per reporting period (one round)", min=1e-9)
 
 
 def staleness_weight(kind: str, tau: int, a: float, b: float) -> float:
@@ -68,12 +68,12 @@ class AsyncFPDGDStrategy(AsyncStrategy):
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
         self.ctx = ctx
-        self.mode = p["mode"]
-        self.alpha = p["alpha"]
-        self.s = (p["staleness"], p["staleness_a"], p["staleness_b"])
-        self.k = p["buffer"]
-        self.server_lr = p["server_lr"]
-        self.period = p["period"]
+        self.mode = p.mode
+        self.alpha = p.alpha
+        self.s = (p.staleness, p.staleness_a, p.staleness_b)
+        self.k = p.buffer
+        self.server_lr = p.server_lr
+        self.period = p.period
         self.ranker = ctx.new_ranker()
         self.model = self.ranker.get_params()
         self.sent: dict[str, np.ndarray] = {}  # client -> the model it trains from (FedBuff)
@@ -119,7 +119,7 @@ class AsyncFPDGD(ProtocolRun):
     partitions = True
 
     def __init__(self, ctx: RunContext) -> None:
-        if ctx.params["compute_time"] <= 0.0:
+        if ctx.params.compute_time <= 0.0:
             raise ScenarioError(
                 "federation.params.compute_time: expected a number > 0 for asynchronous FPDGD "
                 "(each training must take simulated time), got 0.0"
@@ -143,7 +143,7 @@ REGISTRY.add(
     ProtocolEntry(
         "fpdgd_async",
         "asynchronous FPDGD: FedAsync (staleness-weighted mixing) or FedBuff (buffer of K)",
-        PARAMS,
+        Params,
         AsyncFPDGD,
     )
 )

@@ -70,7 +70,7 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import handles
 from foltr_async.runtime.codec import Array, register_kind
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import Field, param, parameters
 from foltr_async.simulation import (
     ClientData,
     Partition,
@@ -81,7 +81,7 @@ from foltr_async.simulation import (
     register_partitioner,
 )
 from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner, clip_norm
-from protocols.fpdgd import PARAMS as FPDGD_PARAMS
+from protocols.fpdgd import Params as FPDGDParams
 from protocols.users import K, Users
 
 SHARED = "noniid.shared"
@@ -324,19 +324,19 @@ register_partitioner(
 
 # ------------------------------------------------------------------------------ remedies
 
-PARAMS = {
-    **FPDGD_PARAMS,
-    "fedprox_mu": Field(float, 0.0, "FedProx proximal weight mu (0: off)", min=0.0),
-    "fedper": Field(bool, False, "FedPer: keep the ranker's output layer personal (MLP)"),
-    "share_alpha": Field(
-        float, 0.0, "data sharing: share of G sent to each client (0: off)", min=0.0, max=1.0
-    ),
-    "share_size": Field(
-        float, 0.1, "data sharing: |G| as a share of the training queries", min=0.0, max=1.0
-    ),
-    "warmup": Field(int, 1000, "data sharing: the server's PDGD interactions on G", min=0),
-    "eval_clients": Field(int, 100, "FedPer: clients whose personal models are evaluated", min=1),
-}
+
+@parameters
+class Params(FPDGDParams):
+    fedprox_mu: float = param(0.0, "FedProx proximal weight mu (0: off)", min=0.0)
+    fedper: bool = param(False, "FedPer: keep the ranker's output layer personal (MLP)")
+    share_alpha: float = param(
+        0.0, "data sharing: share of G sent to each client (0: off)", min=0.0, max=1.0
+    )
+    share_size: float = param(
+        0.1, "data sharing: |G| as a share of the training queries", min=0.0, max=1.0
+    )
+    warmup: int = param(1000, "data sharing: the server's PDGD interactions on G", min=0)
+    eval_clients: int = param(100, "FedPer: clients whose personal models are evaluated", min=1)
 
 
 class _Unseen:
@@ -353,7 +353,7 @@ class RemedyLearner(LocalLearner):
         self, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator, owner: str
     ) -> None:
         super().__init__(ctx, queries, rng, None, owner)
-        self.mu = ctx.params["fedprox_mu"]
+        self.mu = ctx.params.fedprox_mu
         self.shared_users: Users | None = None  # data sharing: this client's share of G
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:
@@ -392,9 +392,9 @@ class RemedyClient(FPDGDClient):
         p = ctx.params
         self.ctx = ctx
         self.learner = RemedyLearner(ctx, queries, rng, agent_id)
-        if p["fedprox_mu"] > 0 or p["share_alpha"] > 0:
+        if p.fedprox_mu > 0 or p.share_alpha > 0:
             self.pool = None  # the local step differs from plain PDGD: one query at a time
-        self.fedper = p["fedper"]
+        self.fedper = p.fedper
         self.out = self.learner.ranker.layer_slices()["output"] if self.fedper else None
         self.head: np.ndarray | None = None  # FedPer: the personal output layer
 
@@ -432,7 +432,7 @@ class RemedyStrategy(FPDGDStrategy):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         p = ctx.params
-        self.alpha, self.fedper = p["share_alpha"], p["fedper"]
+        self.alpha, self.fedper = p.share_alpha, p.fedper
         self.server = None
         self.shared: np.ndarray | None = None  # G, as query numbers of the global data
         self.sent: set[str] = set()
@@ -454,13 +454,13 @@ class RemedyStrategy(FPDGDStrategy):
         """Pick G and train the initial global model on it (centralised PDGD, global users)."""
         p = self.ctx.params
         train, pool, users = self._global_data()
-        n = max(1, int(round(p["share_size"] * len(pool))))
+        n = max(1, int(round(p.share_size * len(pool))))
         self.shared = np.sort(self.rng.choice(pool, size=n, replace=False))
         ranker = self.ctx.new_ranker()
         ranker.set_params(self.model)
-        for q in self.shared[self.rng.integers(n, size=p["warmup"])].tolist():
+        for q in self.shared[self.rng.integers(n, size=p.warmup)].tolist():
             features, labels = train.query(q)
-            pdgd_interaction(ranker, features, labels, users, self.rng, lr=p["lr"], k=K)
+            pdgd_interaction(ranker, features, labels, users, self.rng, lr=p.lr, k=K)
         self.model = ranker.get_params()
 
     def select(self, round, candidates, rng, plan):
@@ -482,7 +482,7 @@ class RemedyStrategy(FPDGDStrategy):
             return out
         heads = sorted(
             (aid, h) for (kind, aid), h in self.ctx.probe.oracle.items() if kind == "fedper.head"
-        )[: self.ctx.params["eval_clients"]]
+        )[: self.ctx.params.eval_clients]
         if not heads:
             return {**out, "ndcg@10_global": out["ndcg@10"]}
         out_slice = self.ranker.layer_slices()["output"]
@@ -516,7 +516,7 @@ class FPDGDRemedies(FPDGD):
 
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if p["fedper"] and ctx.cfg["ranker"]["kind"] != "mlp":
+        if p.fedper and ctx.cfg["ranker"]["kind"] != "mlp":
             raise ScenarioError(
                 'federation.params.fedper: needs ranker.kind = "mlp" (a '
                 "linear ranker is only its output layer)"
@@ -535,9 +535,9 @@ class FPDGDRemedies(FPDGD):
         out = super().report()
         p = self.ctx.params
         out["remedies"] = {
-            "fedprox_mu": p["fedprox_mu"],
-            "fedper": p["fedper"],
-            "share_alpha": p["share_alpha"],
+            "fedprox_mu": p.fedprox_mu,
+            "fedper": p.fedper,
+            "share_alpha": p.share_alpha,
             "shared_queries": None
             if self.strategy.shared is None
             else int(self.strategy.shared.size),
@@ -550,7 +550,7 @@ REGISTRY.add(
         "fpdgd_remedies",
         "FPDGD with non-IID remedies: FedProx (mu), "
         "FedPer (personal output layer), data sharing (alpha)",
-        PARAMS,
+        Params,
         FPDGDRemedies,
     )
 )

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.registry import REGISTRY, ProtocolEntry
-from foltr_async.runtime.agent import Agent, handles
-from foltr_async.runtime.codec import Array, register_kind
-from foltr_async.runtime.engine import Strategy
-from foltr_async.scenario.fields import Field
-from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.users import K, Users
+from foltr_async.ltr.pdgd import pdgd_gradient
+from protocols.api import (
+    REGISTRY,
+    Array,
+    K,
+    ModelStrategy,
+    OnlineClient,
+    OnlineRun,
+    ProtocolEntry,
+    handles,
+    param,
+    parameters,
+    register_kind,
+)
 
 MODEL = "central.model"
 LOG = "central.log"
@@ -34,63 +40,43 @@ register_kind(
     },
 )
 
-PARAMS = {
-    "lr": Field(float, 0.1, "PDGD learning rate", min=0.0),
-    "batch": Field(
-        int, 0, "interactions per step; 0 = one step per round (FPDGD's schedule)", min=0
-    ),
-}
+
+@parameters
+class Params:
+    lr: float = param(0.1, "PDGD learning rate", min=0.0)
+    batch: int = param(0, "interactions per step; 0 = one step per round (FPDGD's schedule)", min=0)
 
 
-class LoggingClient(Agent):
+class LoggingClient(OnlineClient):
     """Shows the global model's rankings to its users and reports everything they did."""
-
-    role = "client"
-
-    def __init__(
-        self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
-    ) -> None:
-        super().__init__(agent_id, ctx.bus)
-        self.ranker = ctx.new_ranker()
-        self.users = Users(ctx.data.train, queries, ctx.click_model(), rng, ctx.probe, agent_id)
-        self.rng = rng
-        self.batch = ctx.cfg["federation"]["queries_per_client"]
 
     @handles(MODEL)
     async def on_model(self, env) -> None:
         self.ranker.set_params(env.body["params"])
         self.users.round = env.round
-        train, n = self.users.train, self.batch
+        n = self.batch
         queries = np.empty(n, dtype=np.int64)
         rankings = np.full((n, K), -1, dtype=np.int64)
         clicks = np.zeros((n, K), dtype=bool)
         for i in range(n):
             q = queries[i] = self.users.next_query()
-            scores = self.ranker.score(train.features[train.doc_range(q)])
-            ranking = sample_ranking(scores, K, self.rng)
-            rankings[i, : ranking.size] = ranking
-            clicks[i, : ranking.size] = self.users.show(q, ranking)
+            shown = self.serve(q)
+            rankings[i, : shown.ranking.size] = shown.ranking
+            clicks[i, : shown.ranking.size] = shown.clicks
         self.send(
             env.src, LOG, {"queries": queries, "rankings": rankings, "clicks": clicks}, env.round
         )
 
 
-class CentralStrategy(Strategy):
+class CentralStrategy(ModelStrategy):
     broadcast_kind = MODEL
     reply_kind = LOG
 
-    def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self.ranker = ctx.new_ranker()
-        self.lr, self.batch = ctx.params["lr"], ctx.params["batch"]
-
-    def configure_round(self, round: int) -> dict:
-        return {"params": self.ranker.get_params()}
-
     def aggregate(self, round: int, replies: list) -> dict:
-        train, ranker = self.ctx.data.train, self.ranker
+        p, train, ranker = self.ctx.params, self.ctx.data.train, self.ranker
+        ranker.set_params(self.model)
         pending, seen = np.zeros(ranker.n_params), 0
-        scale = 1.0 / len(replies) if self.batch == 0 else 1.0
+        scale = 1.0 / len(replies) if p.batch == 0 else 1.0
         for reply in replies:
             b = reply.body
             for q, ranking, clicks in zip(b["queries"], b["rankings"], b["clicks"], strict=True):
@@ -99,24 +85,18 @@ class CentralStrategy(Strategy):
                 scores = ranker.score(features)
                 pending += pdgd_gradient(ranker, features, ranking[shown], clicks[shown], scores)
                 seen += 1
-                if self.batch and seen % self.batch == 0:
-                    ranker.set_params(ranker.get_params() + self.lr * pending)
+                if p.batch and seen % p.batch == 0:
+                    ranker.set_params(ranker.get_params() + p.lr * pending)
                     pending[:] = 0.0
         if pending.any():
-            ranker.set_params(ranker.get_params() + self.lr * scale * pending)
+            ranker.set_params(ranker.get_params() + p.lr * scale * pending)
+        self.model = ranker.get_params()
         return {"interactions": seen}
 
-    def evaluate(self) -> dict[str, float]:
-        return self.ctx.evaluate(self.ranker)
 
-
-class CentralPDGD(ProtocolRun):
-    def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self.strategy = CentralStrategy(ctx)
-
-    def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
-        return LoggingClient(agent_id, self.ctx, queries, rng)
+class CentralPDGD(OnlineRun):
+    strategy_class = CentralStrategy
+    client_class = LoggingClient
 
     def report(self) -> dict:
         return {"privacy": {"dp": False, "raw_clicks_leave_clients": True}}
@@ -124,6 +104,6 @@ class CentralPDGD(ProtocolRun):
 
 REGISTRY.add(
     ProtocolEntry(
-        "pdgd_central", "centralised PDGD baseline: clients upload click logs", PARAMS, CentralPDGD
+        "pdgd_central", "centralised PDGD baseline: clients upload click logs", Params, CentralPDGD
     )
 )

@@ -172,7 +172,7 @@ def _number_fields() -> list[tuple[str, str | None, str, bool]]:
     out += [
         (name, None, f"federation.params.{key}", f.infinite)
         for name, proto in reg.protocols.items()
-        for key, f in proto.params.items()
+        for key, f in proto.fields.items()
         if f.kind is float
     ]
     out += [
@@ -183,7 +183,7 @@ def _number_fields() -> list[tuple[str, str | None, str, bool]]:
     out += [
         (entry.protocols[0], name, f"agents[0].{key}", f.infinite)
         for name, entry in reg.behaviours.items()
-        for key, f in entry.params.items()
+        for key, f in entry.fields.items()
         if f.kind is float
     ]
     return out

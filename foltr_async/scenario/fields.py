@@ -6,8 +6,11 @@ Protocols and agent roles declare their own parameters with these fields, so a m
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,3 +129,46 @@ def key_text(key: str) -> str:
     """A key as an error shows it: quoted when TOML's quoted keys hold what would break the
     one-line message (a newline, control characters, spaces at the ends, nothing)."""
     return key if key and key.isprintable() and key.strip() == key else repr(key)
+
+
+def param(default: Any = _REQUIRED, help: str = "", **checks: Any) -> Any:
+    """One field of a ``@parameters`` class: its default, help text and checks (``min``,
+    ``max``, ``choices``, ``infinite``, ``items``); the type comes from the annotation."""
+    kw: dict[str, Any] = {"metadata": {"param": (default, help, checks)}}
+    if isinstance(default, list | dict):
+        kw["default_factory"] = lambda: type(default)(default)  # a fresh copy per instance
+    elif default is not _REQUIRED:
+        kw["default"] = default
+    return dataclasses.field(**kw)
+
+
+_KINDS = {float: float, int: int, bool: bool, str: str, list: list, dict: dict}
+
+
+def _field_of(annotation: Any, spec: tuple[Any, str, dict[str, Any]]) -> Field:
+    default, help, checks = spec
+    options = annotation.__args__ if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = tuple(_KINDS[typing.get_origin(a) or a] for a in options if a is not type(None))
+    nullable = len(kinds) < len(options)
+    return Field(kinds[0] if len(kinds) == 1 else kinds, default, help, nullable=nullable, **checks)
+
+
+def parameters(cls: type) -> type:
+    """Make ``cls`` a frozen dataclass of scenario parameters whose ``FIELDS`` (name ->
+    ``Field``, in declaration order) validate ``[federation.params]`` (or an agent group).
+
+    The checks and one-line errors are ``Field``'s; code reads typed attributes (``p.lr``).
+    ``cls.of(table)`` picks its fields out of a checked table.
+    """
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    hints = typing.get_type_hints(cls)
+    cls.FIELDS = {
+        f.name: _field_of(hints[f.name], f.metadata["param"]) for f in dataclasses.fields(cls)
+    }
+    cls.of = classmethod(_of)
+    return cls
+
+
+def _of(cls: type, table: dict[str, Any]) -> Any:
+    """``cls`` from a checked table that may hold other keys (an agent group's count, role)."""
+    return cls(**{name: table[name] for name in cls.FIELDS})

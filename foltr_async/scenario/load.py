@@ -267,7 +267,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             f"{where}: federation.protocol: unknown protocol {fed['protocol']!r}"
             f"{suggest(fed['protocol'], known)}; known: {', '.join(known)}"
         )
-    fed["params"] = check_table(fed["params"], proto.params, where, "federation.params")
+    fed["params"] = check_table(fed["params"], proto.fields, where, "federation.params")
     if fed["aggregator"] not in registry.aggregators:
         known = sorted(registry.aggregators)
         raise ScenarioError(
@@ -344,7 +344,7 @@ def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> dic
             f"{where}: {path}.behaviour: {name!r} does not speak protocol {protocol!r} "
             f"(it speaks {', '.join(entry.protocols)})"
         )
-    out = check_table(group, {**AGENT_FIELDS, **entry.params}, where, path)
+    out = check_table(group, {**AGENT_FIELDS, **entry.fields}, where, path)
     out["role"] = entry.role
     return out
 

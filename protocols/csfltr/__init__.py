@@ -79,60 +79,57 @@ candidates, test set), ``primitives`` (ListNet, evaluation, both halves of a rev
 from __future__ import annotations
 
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
-from foltr_async.scenario.fields import Field
+from foltr_async.scenario.fields import param, parameters
 from protocols.csfltr.eavesdropper import RelayEavesdropper
 from protocols.csfltr.server import CSFLTR
 
 MODES = ("csfltr", "local", "local+", "global")
 
-PARAMS = {
-    "mode": Field(str, "csfltr", "training mode", choices=MODES),
-    "corpus": Field(
-        str,
-        "synthetic",
-        "embedded generator or MS MARCO TSV files",
-        choices=("synthetic", "msmarco"),
-    ),
-    "collection": Field(str, None, "msmarco: collection TSV", nullable=True),
-    "queries": Field(str, None, "msmarco: queries TSV", nullable=True),
-    "qrels": Field(str, None, "msmarco: qrels (TREC format)", nullable=True),
-    "run": Field(str, None, "msmarco: optional top-100 run (candidate lists)", nullable=True),
-    "test_fraction": Field(
-        float, 0.2, "msmarco: queries kept as the external test set", min=0.0, max=0.9
-    ),
-    "corpus_seed": Field(int, None, "corpus seed (default: the run's seed)", nullable=True, min=0),
-    "docs_per_party": Field(int, 2000, "synthetic: documents per party", min=10),
-    "vocab_size": Field(int, 20000, "synthetic: vocabulary size", min=1000),
-    "topics": Field(int, 40, "synthetic: topics", min=1),
-    "body_len": Field(int, 1000, "synthetic: mean body length (tokens)", min=10),
-    "queries_per_party": Field(int, 40, "synthetic: training queries per party", min=1),
-    "test_queries": Field(int, 100, "synthetic: external test queries", min=1),
-    "judged": Field(list, [1, 3], "synthetic: documents judged 2 and 1 per query, corpus-wide"),
-    "alpha": Field(float, 5.0, "RTK-Sketch: heap size alpha * K", min=1e-3),
-    "beta": Field(float, 0.1, "RTK-Sketch: soft intersection share of cells", min=0.0, max=1.0),
-    "w": Field(int, 200, "sketch columns", min=2),
-    "z": Field(int, 30, "sketch rows (hash functions)", min=1, max=52),
-    "z1": Field(int, 10, "rows hashing the real term (private to the querier)", min=1),
-    "k": Field(int, 150, "reverse top-K size K", min=1),
-    "epsilon": Field(
-        float, 0.5, "Laplace(1/epsilon) noise per answer (inf: none)", min=1e-6, infinite=True
-    ),
-    "decoys": Field(
-        str,
+
+@parameters
+class Params:
+    mode: str = param("csfltr", "training mode", choices=MODES)
+    corpus: str = param(
+        "synthetic", "embedded generator or MS MARCO TSV files", choices=("synthetic", "msmarco")
+    )
+    collection: str | None = param(None, "msmarco: collection TSV")
+    queries: str | None = param(None, "msmarco: queries TSV")
+    qrels: str | None = param(None, "msmarco: qrels (TREC format)")
+    run: str | None = param(None, "msmarco: optional top-100 run (candidate lists)")
+    test_fraction: float = param(
+        0.2, "msmarco: queries kept as the external test set", min=0.0, max=0.9
+    )
+    corpus_seed: int | None = param(None, "corpus seed (default: the run's seed)", min=0)
+    docs_per_party: int = param(2000, "synthetic: documents per party", min=10)
+    vocab_size: int = param(20000, "synthetic: vocabulary size", min=1000)
+    topics: int = param(40, "synthetic: topics", min=1)
+    body_len: int = param(1000, "synthetic: mean body length (tokens)", min=10)
+    queries_per_party: int = param(40, "synthetic: training queries per party", min=1)
+    test_queries: int = param(100, "synthetic: external test queries", min=1)
+    judged: list = param([1, 3], "synthetic: documents judged 2 and 1 per query, corpus-wide")
+    alpha: float = param(5.0, "RTK-Sketch: heap size alpha * K", min=1e-3)
+    beta: float = param(0.1, "RTK-Sketch: soft intersection share of cells", min=0.0, max=1.0)
+    w: int = param(200, "sketch columns", min=2)
+    z: int = param(30, "sketch rows (hash functions)", min=1, max=52)
+    z1: int = param(10, "rows hashing the real term (private to the querier)", min=1)
+    k: int = param(150, "reverse top-K size K", min=1)
+    epsilon: float = param(
+        0.5, "Laplace(1/epsilon) noise per answer (inf: none)", min=1e-6, infinite=True
+    )
+    decoys: str = param(
         "matched",
         "decoy terms: of matched frequency, frequency-weighted or uniform",
         choices=("matched", "frequency", "uniform"),
-    ),
-    "candidates": Field(
-        int, 30, "cross-party documents per (query, owner), by estimated BM25", min=1
-    ),
-    "pool": Field(int, 90, "RTK documents per (query, owner) whose frequencies are asked", min=1),
-    "local_candidates": Field(int, 30, "own documents per query (BM25 top-N)", min=1),
-    "probe_terms": Field(int, 4, "terms per (querier, owner) measured with NAIVE too", min=0),
-    "stopwords": Field(int, 100, "most frequent terms left out of sketches and queries", min=0),
-    "lr": Field(float, 0.5, "ListNet learning rate", min=0.0),
-    "local_epochs": Field(int, 10, "full-batch ListNet steps per round", min=1),
-}
+    )
+    candidates: int = param(
+        30, "cross-party documents per (query, owner), by estimated BM25", min=1
+    )
+    pool: int = param(90, "RTK documents per (query, owner) whose frequencies are asked", min=1)
+    local_candidates: int = param(30, "own documents per query (BM25 top-N)", min=1)
+    probe_terms: int = param(4, "terms per (querier, owner) measured with NAIVE too", min=0)
+    stopwords: int = param(100, "most frequent terms left out of sketches and queries", min=0)
+    lr: float = param(0.5, "ListNet learning rate", min=0.0)
+    local_epochs: int = param(10, "full-batch ListNet steps per round", min=1)
 
 
 def _eavesdropper(ctx, proto, group, aid, queries, rng):
@@ -143,17 +140,24 @@ REGISTRY.add(
     ProtocolEntry(
         "csfltr",
         "CS-F-LTR: cross-silo LTR with private sketch queries and RTK-Sketch",
-        PARAMS,
+        Params,
         CSFLTR,
     )
 )
+
+
+@parameters
+class EavesdropperParams:
+    """The relay eavesdropper has no settings: it guesses from every relayed query."""
+
+
 REGISTRY.add(
     BehaviourEntry(
         "csfltr_eavesdropper",
         "eavesdropper",
         "taps the CS-F-LTR relay and guesses queried terms from the obfuscated hashes",
         ("csfltr",),
-        {},
+        EavesdropperParams,
         _eavesdropper,
     )
 )

@@ -58,9 +58,9 @@ def _corpus(key: tuple) -> TextCorpus:
 def corpus_for(ctx: RunContext) -> TextCorpus:
     """The run's corpus (shared read-only; cached so variants of one seed reuse it)."""
     p, fed = ctx.params, ctx.cfg["federation"]
-    seed = p["corpus_seed"] if p["corpus_seed"] is not None else ctx.seed
-    if p["corpus"] == "msmarco":
-        missing = [k for k in ("collection", "queries", "qrels") if p[k] is None]
+    seed = p.corpus_seed if p.corpus_seed is not None else ctx.seed
+    if p.corpus == "msmarco":
+        missing = [k for k in ("collection", "queries", "qrels") if getattr(p, k) is None]
         if missing:
             raise ScenarioError(
                 f'federation.params.{missing[0]}: required for corpus = "msmarco" (a TSV file path)'
@@ -68,15 +68,15 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
         key = (
             "msmarco",
             seed,
-            p["collection"],
-            p["queries"],
-            p["qrels"],
-            p["run"],
+            p.collection,
+            p.queries,
+            p.qrels,
+            p.run,
             fed["clients"],
-            p["test_fraction"],
+            p.test_fraction,
         )
     else:
-        judged = p["judged"]
+        judged = p.judged
         if len(judged) != 2 or not all(isinstance(j, int) and j >= 0 for j in judged):
             raise ScenarioError(
                 f"federation.params.judged: expected [grade-2 count, grade-1 "
@@ -86,12 +86,12 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
             "synthetic",
             seed,
             fed["clients"],
-            p["docs_per_party"],
-            p["vocab_size"],
-            p["topics"],
-            p["body_len"],
-            p["queries_per_party"],
-            p["test_queries"],
+            p.docs_per_party,
+            p.vocab_size,
+            p.topics,
+            p.body_len,
+            p.queries_per_party,
+            p.test_queries,
             *judged,
         )
     return _corpus(key)

@@ -55,12 +55,12 @@ class RelayEavesdropper(TapEavesdropper):
 
     def summary(self) -> dict:
         p = self.ctx.params
-        z, z1 = p["z"], p["z1"]
+        z, z1 = p.z, p.z1
         return {
             "protocol": "csfltr",
             "sees": "per query term: z (column, sign) pairs; per answer: counts with one "
             "shared Laplace(1/epsilon) draw",
-            "epsilon": p["epsilon"],
+            "epsilon": p.epsilon,
             "knows_hash_key": True,
             "terms": self.trials,
             "vote_accuracy": self.hits / self.trials if self.trials else None,

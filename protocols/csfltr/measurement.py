@@ -115,7 +115,7 @@ class Measurements:
             "mode": run.mode,
             "parties": run.corpus.n_parties,
             "docs": int(run.corpus.n_docs),
-            "params": {k: p[k] for k in ("alpha", "beta", "w", "z", "z1", "k", "epsilon")},
+            "params": {k: getattr(p, k) for k in ("alpha", "beta", "w", "z", "z1", "k", "epsilon")},
             "instances": instances,
             "test_queries": run.test.n_queries,
         }

@@ -62,7 +62,7 @@ class Party(Agent):
         self.proto, self.p, self.rng = run, p, rng
         self.noise_key = int(rng.integers(2**63))  # secret of the owner's answer noise
         prm = run.ctx.params
-        self.eps, self.z1, self.beta = prm["epsilon"], prm["z1"], prm["beta"]
+        self.eps, self.z1, self.beta = prm.epsilon, prm.z1, prm.beta
         self.corpus, self.hashes = run.corpus, run.hashes
         self.index = run.index(p)
         self.queries = np.array(
@@ -73,7 +73,7 @@ class Party(Agent):
             "matched": lambda: matched_decoys(cf),
             "frequency": lambda: frequency_decoys(cf),
             "uniform": lambda: uniform_decoys(run.corpus.n_terms),
-        }[prm["decoys"]]()
+        }[prm.decoys]()
         self.local = {int(q): self._local_block(int(q)) for q in self.queries}
         self.cross: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}  # q -> owner -> block
         self.weights = np.zeros(N_FEATURES)
@@ -89,7 +89,7 @@ class Party(Agent):
     def _local_block(self, q: int) -> tuple[np.ndarray, np.ndarray]:
         terms = self.proto.terms(q)
         docs = own_candidates(
-            self.corpus, self.index, self.p, q, terms, self.proto.ctx.params["local_candidates"]
+            self.corpus, self.index, self.p, q, terms, self.proto.ctx.params.local_candidates
         )
         x = block_norm(exact_features(self.index.fields, self.index.stats, docs, terms))
         return x, self.corpus.labels(q, docs + self.corpus.party_ptr[self.p])
@@ -115,8 +115,8 @@ class Party(Agent):
             self.train_set = self._build_train_set()
         mode = self.proto.mode
         w = self.weights if mode in ("local", "local+") else model
-        for _ in range(self.proto.ctx.params["local_epochs"]):
-            w = listnet_step(w, self.train_set, self.proto.ctx.params["lr"])
+        for _ in range(self.proto.ctx.params.local_epochs):
+            w = listnet_step(w, self.train_set, self.proto.ctx.params.lr)
         self.weights = w
         self.send(
             "server",
@@ -156,7 +156,7 @@ class Party(Agent):
 
     def _generate(self) -> None:
         """Send one reverse top-K query per (own query, other party), and the NAIVE probes."""
-        n_probe = self.proto.ctx.params["probe_terms"]
+        n_probe = self.proto.ctx.params.probe_terms
         ix, eps = self.index, self.eps
         self.send(
             "server",
@@ -216,7 +216,7 @@ class Party(Agent):
         # candidates: documents by their bounds summed over the query's terms
         alld, inv = np.unique(np.concatenate(found), return_inverse=True)
         score = np.bincount(inv, weights=np.concatenate(bounds), minlength=len(alld))
-        cand = alld[np.lexsort((alld, -score))][: self.proto.ctx.params["pool"]]
+        cand = alld[np.lexsort((alld, -score))][: self.proto.ctx.params.pool]
         elapsed = time.perf_counter() - t0
         self.proto.measure.rtk(self.id, job.owner, self.proto.terms(job.q), found, elapsed / m)
         jd, _ = self.corpus.judged(job.q)
@@ -268,7 +268,7 @@ class Party(Agent):
         y = self.corpus.labels(job.q, glob)
         # like the own candidates: the estimated BM25 top-n plus the judged documents
         keep = np.zeros(len(docs), dtype=bool)
-        keep[top_k(x[:, 12], self.proto.ctx.params["candidates"])] = True  # body BM25
+        keep[top_k(x[:, 12], self.proto.ctx.params.candidates)] = True  # body BM25
         keep |= y > 0
         self.cross.setdefault(job.q, {})[job.owner] = (block_norm(x[keep]), y[keep])
         self.proto.measure.tf(self.id, job.owner, docs, terms, tf)

@@ -68,26 +68,24 @@ class CSFLTR(ProtocolRun):
 
     def __init__(self, ctx: RunContext) -> None:
         p, fed = ctx.params, ctx.cfg["federation"]
-        if p["z1"] > p["z"]:
-            raise ScenarioError(
-                f"federation.params.z1: expected at most z = {p['z']}, got {p['z1']}"
-            )
-        if fed["clients"] < 2 and p["mode"] in ("csfltr", "local+"):
+        if p.z1 > p.z:
+            raise ScenarioError(f"federation.params.z1: expected at most z = {p.z}, got {p.z1}")
+        if fed["clients"] < 2 and p.mode in ("csfltr", "local+"):
             raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
         if ctx.n_malicious:
             raise ScenarioError("agents: csfltr has no attacker roles")
-        self.ctx, self.mode, self.k = ctx, p["mode"], p["k"]
+        self.ctx, self.mode, self.k = ctx, p.mode, p.k
         self.probe = ctx.probe
         self.corpus = corpus_for(ctx)
-        self.hashes = party_hashes(ctx.seed, p["z"], p["w"])
-        self.stop = p["stopwords"]
-        self.test = test_set(self.corpus, p["local_candidates"], self.stop)
+        self.hashes = party_hashes(ctx.seed, p.z, p.w)
+        self.stop = p.stopwords
+        self.test = test_set(self.corpus, p.local_candidates, self.stop)
         self.strategy = CSFLTRStrategy(self)
         self.routes: dict[int, tuple[str, int]] = {}
         self.measure = Measurements(ctx.probe, self.k, self.corpus, self.stop)
 
     def index(self, p: int) -> PartyIndex:
-        return party_index(self.corpus, p, self.hashes, self.k, self.ctx.params["alpha"], self.stop)
+        return party_index(self.corpus, p, self.hashes, self.k, self.ctx.params.alpha, self.stop)
 
     def terms(self, q: int) -> np.ndarray:
         return query_terms(self.corpus, q, self.stop)

@@ -55,8 +55,8 @@ configuration's per-round cost on the real bus with vector clients, for the benc
 from __future__ import annotations
 
 from foltr_async.registry import REGISTRY, BehaviourEntry
-from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme, summable
-from protocols import eavesdrop, fpdgd
+from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
+from protocols import eavesdrop
 from protocols.secagg.client import SecAggClient
 from protocols.secagg.eavesdropper import MaskedEavesdropper
 from protocols.secagg.measurement import cost
@@ -68,13 +68,13 @@ from protocols.secagg.primitives import (
     shamir_split,
     to_ring,
 )
-from protocols.secagg.scheme import FIELDS, make_run
+from protocols.secagg.scheme import Settings, make_run
 from protocols.secagg.server import SecAggServer
 
 __all__ = [
-    "FIELDS",
     "SecAggClient",
     "SecAggServer",
+    "Settings",
     "cost",
     "from_ring",
     "harary",
@@ -91,15 +91,18 @@ def _build(ctx, spec: Summable, settings: dict) -> SecureRun:
 
 
 register_scheme(
-    Scheme("secagg", "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree", FIELDS, _build)
+    Scheme(
+        "secagg",
+        "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree",
+        Settings.FIELDS,
+        _build,
+    )
 )
-# FPDGD's update is FedAvg'd by interactions: it can travel masked (declared here, beside the
-# scheme, so fpdgd.py keeps only its reply site change).
-summable("fpdgd", fpdgd.UPDATE, vector="params", weight="n_interactions")
 
 
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
-    return MaskedEavesdropper(aid, ctx, eavesdrop._targets(ctx, group), rng, group["candidates"])
+    targets, candidates = eavesdrop._targets(ctx, group), eavesdrop.Params.of(group).candidates
+    return MaskedEavesdropper(aid, ctx, targets, rng, candidates)
 
 
 REGISTRY.add(
@@ -109,7 +112,7 @@ REGISTRY.add(
         "taps FPDGD uplinks, plain or masked by secure aggregation: update recovery, query "
         "inference",
         ("fpdgd",),
-        dict(REGISTRY.behaviours["eavesdropper"].params),
+        eavesdrop.Params,
         _build_eavesdropper,
     )
 )

@@ -4,6 +4,7 @@ neighbours, the masked upload, and the shares it reveals so the server can unmas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
@@ -12,6 +13,10 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureClient, Summable
+
+if TYPE_CHECKING:
+    from protocols.secagg.scheme import Settings
+
 from protocols.secagg.messages import (
     ADVERTISE,
     KEYS,
@@ -75,13 +80,13 @@ class SecAggClient(SecureClient):
     def __init__(
         self,
         spec: Summable,
-        settings: dict,
+        settings: Settings,
         rng: np.random.Generator,
         dropout_rng: np.random.Generator,
     ) -> None:
         super().__init__(spec)
-        self.bits = settings["precision_bits"]
-        self.dropout = settings["dropout"]
+        self.bits = settings.precision_bits
+        self.dropout = settings.dropout
         self.rng = rng
         self.dropout_rng = dropout_rng
         self.state: _ClientRound | None = None

@@ -8,7 +8,7 @@ from foltr_async.runtime.codec import Envelope, decode, encode
 from protocols import eavesdrop, fpdgd
 from protocols.secagg.messages import MASKED
 from protocols.secagg.primitives import from_ring
-from protocols.secagg.scheme import FIELDS
+from protocols.secagg.scheme import Settings
 
 
 class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
@@ -23,9 +23,7 @@ class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
         super().__init__(agent_id, ctx, targets, rng, candidates)
         fed = ctx.cfg["federation"]
         self.batch = fed["queries_per_client"]
-        self.bits = (fed.get("secagg") or {}).get(
-            "precision_bits", FIELDS["precision_bits"].default
-        )
+        self.bits = Settings(**(fed.get("secagg") or {})).precision_bits
         self.masked = 0
 
     def observe(self, header, data: bytes) -> None:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
+
+if TYPE_CHECKING:
+    from protocols.secagg.scheme import Settings
+
 from protocols.secagg.messages import (
     ADVERTISE,
     CT_LEN,
@@ -54,12 +58,12 @@ class SecAggServer(SecureServer):
     masked_kind = MASKED
     phase_kinds = (KEYS, SHARES, REVEAL)
 
-    def __init__(self, spec: Summable, settings: dict, rng: np.random.Generator, emit) -> None:
-        super().__init__(spec, settings["deadline"], emit)
+    def __init__(self, spec: Summable, settings: Settings, rng: np.random.Generator, emit) -> None:
+        super().__init__(spec, settings.deadline, emit)
         self.settings = settings
-        self.degree = settings["degree"]
-        self.fraction = settings["threshold"]
-        self.bits = settings["precision_bits"]
+        self.degree = settings.degree
+        self.fraction = settings.threshold
+        self.bits = settings.precision_bits
         self.rng = rng
         self.state: _ServerRound | None = None
         self.totals: Counter[str] = Counter()
@@ -219,7 +223,10 @@ class SecAggServer(SecureServer):
             "scheme": "SecAgg+ (Bell et al. 2020)"
             if self.degree
             else "SecAgg (Bonawitz et al. 2017)",
-            **{k: self.settings[k] for k in ("degree", "threshold", "precision_bits", "dropout")},
+            **{
+                k: getattr(self.settings, k)
+                for k in ("degree", "threshold", "precision_bits", "dropout")
+            },
             "primitives": "X25519 key agreement, HKDF-SHA256, ChaCha20 PRG, ChaCha20-Poly1305 "
             "share encryption, Shamir over GF(2^31-1), ring Z_2^64",
             "unmasked_rounds": rounds,

@@ -1,0 +1,44 @@
+"""A sign-flipping model-poisoning client against FedAvgM (the attack of docs/EXTENDING.md).
+
+It trains like an honest client, then sends the global weights moved ``scale`` times its honest
+update the *other* way: ``w - scale * (theta - w)`` (the sign-flipping attack, e.g. Li et al.,
+AAAI 2019). Under FedAvg a few such clients cancel the honest clients' progress.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from examples.fedavgm import Client
+from protocols.api import REGISTRY, BehaviourEntry, param, parameters
+
+
+@parameters
+class Params:
+    scale: float = param(4.0, "length of the flipped update, in honest updates", min=0.0)
+
+
+class SignFlipClient(Client):
+    def __init__(self, agent_id, ctx, queries, rng, scale: float) -> None:
+        super().__init__(agent_id, ctx, queries, rng)
+        self.scale = scale
+
+    def train(self, start: np.ndarray) -> np.ndarray:
+        honest = super().train(start)  # its users still see rankings and click
+        return start - self.scale * (honest - start)
+
+
+def build(ctx, proto, group, agent_id, queries, rng) -> SignFlipClient:
+    return SignFlipClient(agent_id, ctx, queries, rng, Params.of(group).scale)
+
+
+REGISTRY.add(
+    BehaviourEntry(
+        "sign_flip",
+        "attacker",
+        "sends its update with the sign flipped, scaled",
+        ("fedavgm",),
+        Params,
+        build,
+    )
+)

@@ -1,0 +1,66 @@
+"""What a protocol or attack author imports: one module, each name with why it is here.
+
+A protocol is a module under ``protocols/`` (or a plugin module, see docs/EXTENDING.md) that,
+on import, registers its message kinds, a ``@parameters`` class and a ``ProtocolEntry``:
+
+- ``register_kind(kind, schema)`` with ``Array`` / ``Int`` / ``Float`` / ``Str``: every message
+  kind and its body's wire schema; a body that does not match is dropped on decoding.
+- ``Agent`` and ``@handles(kind)``: a client is an agent with one handler per message kind;
+  ``self.send(dst, kind, body, round)`` is the only way to tell another agent anything.
+  ``client_id(i)`` is the one format of client ids. ``reply`` sends a client's update (masked
+  when the scenario turns secure aggregation on); ``summable(protocol, kind, vector, weight)``
+  declares that a protocol's update may be masked (its server only needs the weighted sum).
+- ``Strategy``: the server side of one round (``configure_round`` -> the broadcast body,
+  ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
+  rest (selection, deadline, late replies, secure aggregation).
+- ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
+  hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
+  named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``).
+- ``@parameters`` and ``param(default, help, min=..., ...)``: a frozen dataclass of the
+  protocol's ``[federation.params]``; the scenario is checked against it (one-line errors) and
+  code reads ``ctx.params.lr``.
+- ``Users`` and ``K``: a client's users (their queries, clicks and the online metric) and the
+  result-page length. ``OnlineClient`` (a ranker copy, users, ``serve(q)`` -> ``Served``) and
+  ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
+  scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
+  puts one of each together.
+- ``REGISTRY``, ``ProtocolEntry``, ``BehaviourEntry``: where a protocol or agent behaviour
+  registers the name a scenario uses.
+"""
+
+from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
+from foltr_async.runtime.agent import Agent, client_id, handles
+from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
+from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.secure import reply, summable
+from foltr_async.scenario.fields import param, parameters
+from foltr_async.simulation import ProtocolRun, RunContext
+from protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
+from protocols.users import K, Users
+
+__all__ = [
+    "K",
+    "ModelStrategy",
+    "OnlineClient",
+    "OnlineRun",
+    "Served",
+    "REGISTRY",
+    "Agent",
+    "Array",
+    "BehaviourEntry",
+    "Float",
+    "Int",
+    "ProtocolEntry",
+    "ProtocolRun",
+    "RunContext",
+    "Str",
+    "Strategy",
+    "Users",
+    "client_id",
+    "handles",
+    "param",
+    "parameters",
+    "register_kind",
+    "reply",
+    "summable",
+]

@@ -1,0 +1,73 @@
+"""The worked examples of docs/EXTENDING.md: a protocol and an attack written against
+``protocols.api`` and loaded as plugins, run in a small scenario."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from foltr_async.errors import FoltrError
+from foltr_async.registry import PLUGINS_ENV, load_plugins
+from foltr_async.scenario.load import load_scenario
+from tests.test_simulation import simulate
+
+SCENARIO = """
+[scenario]
+name = "extending"
+seed = 3
+reference = "fedavgm"
+[dataset]
+profile = "mq2007-like"
+[clicks]
+model = "informational"
+[federation]
+protocol = "fedavgm"
+clients = 6
+queries_per_client = 4
+rounds = 30
+[evaluation]
+every = 10
+[variants.fedavgm]
+[variants.attacked]
+federation = { clients = 4 }
+agents = [{ behaviour = "sign_flip", count = 2 }]
+"""
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip")
+    return load_plugins()
+
+
+def test_plugins_register_the_example_protocol_and_attack(plugins):
+    assert "fedavgm" in plugins.protocols and plugins.behaviours["sign_flip"].role == "attacker"
+
+
+def test_a_plugin_that_cannot_be_imported_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv(PLUGINS_ENV, "examples.no_such_protocol")
+    with pytest.raises(FoltrError, match=r"^FOLTR_ASYNC_PLUGINS: cannot import "):
+        load_plugins()
+
+
+def test_the_example_protocol_learns_and_the_attack_hurts_it(plugins, tmp_path):
+    path = tmp_path / "extending.toml"
+    path.write_text(SCENARIO)
+    variants = load_scenario(path).variants
+    honest, sim = simulate(variants["fedavgm"])
+    zero = sim.ctx.evaluate(sim.ctx.new_ranker())["ndcg@10"]
+    curve = honest["offline"]["ndcg@10"]
+    assert curve[-1] > zero + 0.1
+    attacked, _ = simulate(variants["attacked"])
+    assert attacked["offline"]["ndcg@10"][-1] < curve[-1] - 0.1
+
+
+def test_the_tutorial_shows_the_examples_code():
+    root = Path(__file__).resolve().parents[1]
+    code = "".join((root / "examples" / f).read_text() for f in ("fedavgm.py", "signflip.py"))
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "EXTENDING.md").read_text(), re.S)
+    assert len(blocks) == 6
+    for block in blocks:
+        assert block in code, block.splitlines()[0]
