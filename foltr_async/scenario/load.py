@@ -208,10 +208,6 @@ def _with_grids(variants: dict, grids: Any, where: str) -> dict:
 
 def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
     """``dataset.folds`` (one list for every variant: folds are paired like seeds)."""
-    for cfg in variants.values():
-        folds = cfg["dataset"]["folds"]
-        if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in folds):
-            raise fail(where, "dataset.folds", "a list of fold numbers >= 1", folds)
     lists = {tuple(cfg["dataset"]["folds"]) for cfg in variants.values()}
     if len(lists) > 1:
         raise fail(where, "dataset.folds", "the same folds in every variant", sorted(lists))
