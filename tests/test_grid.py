@@ -102,8 +102,9 @@ def test_folds_multiply_repeats_and_name_each_repeat_s_fold(tmp_path):
     assert cfg["dataset"]["path"] == "data/MQ2008"  # the scenario's config is left as written
     with pytest.raises(ScenarioError, match="dataset.folds: expected a dataset.path"):
         load(tmp_path, "[dataset]\nfolds = [1]\n")
+    folds_error = r"dataset.folds(\[0\])?: expected (an integer >= 1|distinct)"
     for bad in ("[[1]]", "[0]", "[1, 1]"):
-        with pytest.raises(ScenarioError, match=r"dataset.folds(\[0\])?: expected (an integer >= 1|distinct)"):
+        with pytest.raises(ScenarioError, match=folds_error):
             load(tmp_path, f'[dataset]\npath = "d"\nfolds = {bad}\n')
     with pytest.raises(ScenarioError, match="the same folds in every variant"):
         load(tmp_path, text + "[variants.other]\ndataset = { folds = [2] }\n")
