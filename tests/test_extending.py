@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from foltr_async.errors import FoltrError
-from foltr_async.registry import PLUGINS_ENV, load_plugins
+from foltr_async.registry import PLUGINS_ENV, REGISTRY, load_plugins
+from foltr_async.runtime import secure
 from foltr_async.scenario.load import load_scenario
 from tests.test_simulation import simulate
 
@@ -36,10 +38,22 @@ agents = [{ behaviour = "sign_flip", count = 2 }]
 """
 
 
-@pytest.fixture
-def plugins(monkeypatch):
-    monkeypatch.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip")
-    return load_plugins()
+@pytest.fixture(scope="module")
+def plugins():
+    """The examples registered for this module's tests only: other tests see the shipped
+    protocols (a listing of what supports secure aggregation, say)."""
+    load_plugins()  # the shipped protocols first: they are what is restored afterwards
+    saved = dict(REGISTRY.protocols), dict(REGISTRY.behaviours), dict(secure._SUMMABLE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip")
+        yield load_plugins()
+    for table, before in zip(
+        (REGISTRY.protocols, REGISTRY.behaviours, secure._SUMMABLE), saved, strict=True
+    ):
+        table.clear()
+        table.update(before)
+    for name in ("examples.signflip", "examples.fedavgm"):
+        sys.modules.pop(name, None)
 
 
 def test_plugins_register_the_example_protocol_and_attack(plugins):
