@@ -211,7 +211,6 @@ class RemoteAgent:
         self.worker: bytes | None = None
         #: crashed because its worker was lost: it rejoins when a worker hosts it again
         self.lost = False
-        self.attacking = False
 
     def __repr__(self) -> str:
         return f"<RemoteAgent {self.id} {self.state} on {self.worker!r}>"

@@ -539,7 +539,7 @@ class Simulation:
         elif action == "crash":
             await agent.crash()
         elif action in ("attack_start", "attack_stop"):
-            agent.attacking = action == "attack_start"
+            agent.on_attack(action == "attack_start")
         elif action == "unlearn":
             await self.proto.request_unlearning(agent)
 

@@ -10,7 +10,8 @@
   Krum / Multi-Krum (``target = "krum"``) or trimmed mean / median (``target = "trimmed_mean"``).
 
 Updates are the clients' model vectors (FPDGD sends weights). An attacker only attacks while
-``attacking`` is true (the timeline's attack_start / attack_stop).
+``attacking`` is true: its group's ``attacking`` at the start, then switched by ``on_attack``
+(the timeline's attack_start / attack_stop).
 
 Collusion (``lie``, ``fang``): one ``[[agents]]`` group is one coalition; its members know each
 other's ids (they are agreed before the run). On each model a colluder trains honestly, sends that
@@ -47,14 +48,24 @@ register_kind(SHARE, {"params": Array("float64", ndim=1)})
 KRUM_COPY_RADIUS = 1e-6
 
 
-class DataPoisonClient(FPDGDClient):
-    """Learns honestly, but from poisoned clicks (while attacking)."""
+class AttackerClient(FPDGDClient):
+    """An FPDGD client that attacks while ``attacking``, which the timeline switches."""
 
     role = "attacker"
 
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         self.attacking = attacking
+
+    def on_attack(self, start: bool) -> None:
+        self.attacking = start
+
+
+class DataPoisonClient(AttackerClient):
+    """Learns honestly, but from poisoned clicks (while attacking)."""
+
+    def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
+        super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
         self.honest_clicks = self.learner.users.click_model
         self.poison_clicks = ctx.click_model("poison")
 
@@ -64,14 +75,11 @@ class DataPoisonClient(FPDGDClient):
         return await super().make_update(round, start)
 
 
-class ScaledReversalClient(FPDGDClient):
+class ScaledReversalClient(AttackerClient):
     """Trains honestly, then sends the reversed and scaled model -z * M_local."""
 
-    role = "attacker"
-
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool, z: float) -> None:
-        super().__init__(agent_id, ctx, queries, rng)
-        self.attacking = attacking
+        super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
         self.z = z
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
@@ -179,10 +187,9 @@ def fang_trimmed(
 # --------------------------------------------------------------------------- colluding agents
 
 
-class ColludingClient(FPDGDClient, ABC):
+class ColludingClient(AttackerClient, ABC):
     """A coalition member: trains honestly, shares, waits for the coalition, then crafts."""
 
-    role = "attacker"
     behaviour = "colluding"
 
     def __init__(
@@ -197,8 +204,7 @@ class ColludingClient(FPDGDClient, ABC):
         knowledge: str,
         wait: float,
     ) -> None:
-        super().__init__(agent_id, ctx, queries, rng)
-        self.attacking = attacking
+        super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
         self.coalition = tuple(sorted(coalition))
         self.knowledge = knowledge
         self.wait = wait

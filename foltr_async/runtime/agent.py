@@ -197,6 +197,10 @@ class Agent(Checkpointed):
     async def on_leave(self) -> None:
         """Hook: runs on a graceful leave while still on the bus (not on a crash)."""
 
+    def on_attack(self, start: bool) -> None:
+        """The timeline's ``attack_start`` (``start`` true) or ``attack_stop`` for this agent;
+        attackers override it, the others ignore it."""
+
     def start(self) -> asyncio.Task:
         """Register on the bus, become ``joined`` and spawn the inbox loop."""
         if self.state == "joined":
