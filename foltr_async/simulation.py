@@ -423,9 +423,7 @@ class Simulation:
         self.ctx = ctx
         proto = entry.build(ctx)
         self.secure: SecureRun | None = build_secure(ctx)  # federation.secure_aggregation
-        if self.secure is not None:
-            proto.needs_single_updates = False
-        if proto.needs_single_updates is False and ctx.aggregator.robust:
+        if self.secure is not None and ctx.aggregator.robust:
             raise ScenarioError(
                 f"federation.aggregator: {fed['aggregator']!r} needs single "
                 "updates and cannot combine with secure aggregation"
@@ -701,7 +699,6 @@ class Simulation:
 
     async def _before_round(self, r: int) -> None:
         """The timeline's actions for round ``r``."""
-        self.server.plan_round = r
         for item in self._by_round.get(r, []):
             await self._act(item)
 
@@ -875,8 +872,6 @@ class ProtocolRun(Checkpointed, ABC):
 
     strategy: Any
     checkpoint_skip = ("strategy",)
-    #: False when updates reach the server only as a masked sum (robust rules cannot run).
-    needs_single_updates: bool = True
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /
     #: ``users_click_model``), so ``[federation.partition]`` can apply.
     partitions: bool = False

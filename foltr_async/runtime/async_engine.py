@@ -173,8 +173,7 @@ class AsyncServerAgent(ServerAgent):
         reports = []
         last = first_round + self.plan.rounds - 1
         for r in range(first_round, last + 1):
-            if self._before_round is not None:
-                await self._before_round(r)
+            await self._open_round(r)
             self._period = {"updates": 0, "dispatched": 0, "clients": set(), "staleness": []}
             v0 = self.version
             self._start_period(r)

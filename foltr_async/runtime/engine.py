@@ -119,7 +119,7 @@ class ServerAgent(Agent):
         self._replies: dict[str, Envelope] = {}
         self._all_in = asyncio.Event()
         self.late_replies = 0
-        #: the round whose timeline actions are being played (the run sets it before each)
+        #: the round whose timeline actions are being played (set as each round opens)
         self.plan_round = 0
         self._side: dict[str, Callable[[Envelope], None]] = {}
         #: secure aggregation (None: plaintext): its phases run around the collection, and the
@@ -153,6 +153,12 @@ class ServerAgent(Agent):
             return
         super().deliver(env)
 
+    async def _open_round(self, r: int) -> None:
+        """Round ``r`` begins: it is ``plan_round`` while ``before_round`` plays its actions."""
+        self.plan_round = r
+        if self._before_round is not None:
+            await self._before_round(r)
+
     async def run_rounds(
         self,
         strategy: Strategy | None = None,
@@ -174,8 +180,7 @@ class ServerAgent(Agent):
         reports = []
         last = first_round + self.plan.rounds - 1
         for r in range(first_round + skip, last + 1):
-            if self._before_round is not None:
-                await self._before_round(r)
+            await self._open_round(r)
             candidates = sorted(self._clients())
             online = self.bus.begin_round(r, candidates)
             selected = self.strategy.select(
