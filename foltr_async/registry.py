@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,8 @@ class BehaviourEntry:
     name: str
     role: str  # "attacker" | "eavesdropper"
     help: str
-    protocols: tuple[str, ...]
+    #: the protocol names it speaks (any collection: ``in`` and iteration)
+    protocols: Collection[str]
     #: a ``@parameters`` class: the agent group's own keys (``params.of(group)`` reads them)
     params: type
     build: Callable[..., Any]

@@ -39,7 +39,7 @@ from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.codec import Array, DropMessage, decode, register_kind
 from foltr_async.scenario.fields import param, parameters
 from protocols.aggregation import krum
-from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
+from protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
 
 SHARE = "attack.share"
 register_kind(SHARE, {"params": Array("float64", ndim=1)})
@@ -438,7 +438,7 @@ REGISTRY.add(
         "data_poison",
         "attacker",
         "learns from the poison click model",
-        ("fpdgd",),
+        (NAME,),
         AttackParams,
         lambda ctx, proto, g, aid, q, rng: DataPoisonClient(
             aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
@@ -450,7 +450,7 @@ REGISTRY.add(
         "scaled_reversal",
         "attacker",
         "sends -z times its local model",
-        ("fpdgd",),
+        (NAME,),
         ReversalParams,
         _build_reversal,
     )
@@ -460,7 +460,7 @@ REGISTRY.add(
         "lie",
         "attacker",
         "Little Is Enough: colluders send mu - z sigma (Baruch et al. 2019)",
-        ("fpdgd",),
+        (NAME,),
         CollusionParams,
         lambda ctx, proto, g, aid, q, rng: _build_colluder(LIEClient, ctx, g, aid, q, rng),
     )
@@ -470,7 +470,7 @@ REGISTRY.add(
         "fang",
         "attacker",
         "Fang et al. 2020 local model poisoning against Krum or trimmed mean",
-        ("fpdgd",),
+        (NAME,),
         FangParams,
         _build_fang,
     )

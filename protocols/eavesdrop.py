@@ -29,6 +29,10 @@ randomised-response bound e^eps / (e^eps + n - 1) (= p, n = 11 levels). A Bayesi
 first estimates the level prior from the observed messages (inverting the randomised response,
 p is public) is reported too: the local-DP bound is for a uniform prior, and real MaxRR levels are
 far from uniform (no click is common), so a prior-aware adversary can beat it.
+
+Each eavesdropper class names the protocol whose messages it taps (``protocol``) and so
+registers itself in ``EAVESDROPPERS``; the ``eavesdropper`` behaviour speaks exactly those
+protocols and builds the run's protocol's one.
 """
 
 from __future__ import annotations
@@ -117,6 +121,10 @@ def bayes_guess_rate(confusion: np.ndarray, p: float) -> float:
     return float(confusion[np.arange(n), guess].sum() / total)
 
 
+#: protocol name -> the eavesdropper class that taps its messages (filled by the subclasses)
+EAVESDROPPERS: dict[str, type[TapEavesdropper]] = {}
+
+
 class TapEavesdropper(Agent, ABC):
     """Base of every eavesdropper: taps its links at once when started (the first broadcast may
     precede its task's first run), learns from each tapped message's exact bytes (undecodable
@@ -125,6 +133,18 @@ class TapEavesdropper(Agent, ABC):
     role = "eavesdropper"
     #: kind -> "src" | "dst": which end of the tapped link must be a target
     taps: ClassVar[dict[str, str]] = {}
+    #: the protocol whose messages it taps: a subclass naming one registers itself for it
+    protocol: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "protocol" in vars(cls):
+            EAVESDROPPERS[cls.protocol] = cls
+
+    @classmethod
+    def for_group(cls, ctx, agent_id: str, targets: list[str] | None, group: dict, rng):
+        """One eavesdropper of a scenario's agent group (a subclass may read more of it)."""
+        return cls(agent_id, ctx, targets)
 
     def __init__(self, agent_id: str, ctx, targets: list[str] | None) -> None:
         super().__init__(agent_id, ctx.bus)
@@ -170,7 +190,12 @@ class TapEavesdropper(Agent, ABC):
 class FPDGDEavesdropper(TapEavesdropper):
     """Recovers tapped clients' local updates and infers which queries they trained on."""
 
+    protocol = fpdgd.NAME
     taps = {fpdgd.MODEL: "dst", fpdgd.UPDATE: "src"}
+
+    @classmethod
+    def for_group(cls, ctx, agent_id, targets, group, rng):
+        return cls(agent_id, ctx, targets, rng, Params.of(group).candidates)
 
     def __init__(self, agent_id, ctx, targets, rng: np.random.Generator, candidates: int) -> None:
         super().__init__(agent_id, ctx, targets)
@@ -254,6 +279,7 @@ class FPDGDEavesdropper(TapEavesdropper):
 class ESEavesdropper(TapEavesdropper):
     """Guesses tapped clients' true MaxRR levels from their privatised messages."""
 
+    protocol = foltr_es.NAME
     taps = {foltr_es.SEED_METRIC: "src"}
 
     def __init__(self, agent_id, ctx, targets) -> None:
@@ -324,9 +350,8 @@ class Params:
 
 def _build(ctx, proto, group, aid, queries, rng):
     targets = _targets(ctx, group)
-    if ctx.cfg["federation"]["protocol"] == "foltr_es":
-        return ESEavesdropper(aid, ctx, targets)
-    return FPDGDEavesdropper(aid, ctx, targets, rng, Params.of(group).candidates)
+    cls = EAVESDROPPERS[ctx.cfg["federation"]["protocol"]]
+    return cls.for_group(ctx, aid, targets, group, rng)
 
 
 REGISTRY.add(
@@ -334,7 +359,7 @@ REGISTRY.add(
         "eavesdropper",
         "eavesdropper",
         "taps client links: FPDGD update recovery and query inference, FOLtR-ES metric guessing",
-        ("fpdgd", "foltr_es"),
+        EAVESDROPPERS.keys(),  # a live view: a plugin's eavesdropper adds its protocol
         Params,
         _build,
     )

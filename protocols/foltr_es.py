@@ -37,6 +37,8 @@ from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.online import ModelStrategy, OnlineClient
 from protocols.users import K
 
+#: its scenario name (``federation.protocol``), which its eavesdropper speaks
+NAME = "foltr_es"
 MODEL = "foltr_es.model"
 SEED_METRIC = "foltr_es.seed_metric"
 register_kind(MODEL, {"params": Array("float64", ndim=1)})
@@ -370,7 +372,5 @@ class FOLtRES(ProtocolRun):
 
 
 REGISTRY.add(
-    ProtocolEntry(
-        "foltr_es", "FOLtR-ES: seeds and privatised metrics, Adam server", Params, FOLtRES
-    )
+    ProtocolEntry(NAME, "FOLtR-ES: seeds and privatised metrics, Adam server", Params, FOLtRES)
 )

@@ -49,6 +49,8 @@ from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.online import ModelStrategy
 from protocols.users import K, Users
 
+#: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
+NAME = "fpdgd"
 MODEL = "fpdgd.model"
 UPDATE = "fpdgd.update"
 UNLEARN = "unlearn.request"
@@ -408,7 +410,7 @@ class FPDGD(ProtocolRun):
 
 
 # FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
-summable("fpdgd", UPDATE, vector="params", weight="n_interactions")
+summable(NAME, UPDATE, vector="params", weight="n_interactions")
 REGISTRY.add(
-    ProtocolEntry("fpdgd", "federated PDGD + FedAvg, optional DP and unlearning", Params, FPDGD)
+    ProtocolEntry(NAME, "federated PDGD + FedAvg, optional DP and unlearning", Params, FPDGD)
 )

@@ -181,7 +181,7 @@ def _number_fields() -> list[tuple[str, str | None, str, bool]]:
         if f.kind is float
     ]
     out += [
-        (entry.protocols[0], name, f"agents[0].{key}", f.infinite)
+        (next(iter(entry.protocols)), name, f"agents[0].{key}", f.infinite)
         for name, entry in reg.behaviours.items()
         for key, f in entry.fields.items()
         if f.kind is float

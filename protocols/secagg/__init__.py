@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
-from protocols import eavesdrop
+from protocols import eavesdrop, fpdgd
 from protocols.secagg.client import SecAggClient
 from protocols.secagg.eavesdropper import MaskedEavesdropper
 from protocols.secagg.measurement import cost
@@ -111,7 +111,7 @@ REGISTRY.add(
         "eavesdropper",
         "taps FPDGD uplinks, plain or masked by secure aggregation: update recovery, query "
         "inference",
-        ("fpdgd",),
+        (fpdgd.NAME,),
         eavesdrop.Params,
         _build_eavesdropper,
     )
