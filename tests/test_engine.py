@@ -231,3 +231,67 @@ def test_only_selected_online_clients_are_asked(participation):
     asked = round(4 * participation)
     assert [(r.selected, r.replied) for r in reports] == [(asked, asked)] * 3
     assert all(len(srcs) == asked for _, _, srcs in strategy.aggregated)
+
+
+register_kind("test_engine.note", {"value": Int()})
+
+
+class _Noting(_Sum):
+    """Also takes notes the clients send besides their replies, as they arrive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: list[tuple[str, int, float]] = []
+
+    @handles("test_engine.note")
+    def on_note(self, env):
+        self.notes.append((env.src, env.body["value"], asyncio.get_running_loop().time()))
+
+
+class _NoteTaker(_Client):
+    """Sends a note as the model arrives, then replies as ``_Client`` does."""
+
+    @handles("test_engine.model")
+    async def on_model(self, env):
+        self.send(env.src, "test_engine.note", {"value": env.round}, env.round)
+        await super().on_model(env)
+
+
+def test_a_strategy_s_declared_handler_receives_its_kind_during_the_round():
+    async def main():
+        bus = MemoryBus(NetworkModel(), stream(0, "net"))
+        strategy = _Noting()
+        clients = [_NoteTaker("client-0000", bus, 1.0), _NoteTaker("client-0001", bus, 2.0)]
+        server = ServerAgent(
+            bus,
+            strategy,
+            RoundPlan(rounds=2),
+            stream(0, "server"),
+            clients=lambda: ["client-0000", "client-0001"],
+        )
+        for agent in (server, *clients):
+            agent.start()
+        await server.run_rounds()
+        return server, strategy
+
+    server, strategy = run(main())
+    # taken as delivered (round 2 opens at t=2), the replies still aggregated as before
+    assert strategy.notes == [
+        ("client-0000", 1, 0.0),
+        ("client-0001", 1, 0.0),
+        ("client-0000", 2, 2.0),
+        ("client-0001", 2, 2.0),
+    ]
+    assert [sum(v for *_, v in replies) for _, _, replies in strategy.aggregated] == [2, 2]
+    assert server.counters["no_handler"] == 0
+
+
+def test_a_strategy_s_handler_must_not_await():
+    class _Awaiting(_Sum):
+        @handles("test_engine.note")
+        async def on_note(self, env):
+            pass
+
+    bus = MemoryBus(NetworkModel(), stream(0, "net"))
+    with pytest.raises(TypeError, match="test_engine.note"):
+        ServerAgent(bus, _Awaiting(), RoundPlan(rounds=1), stream(0, "server"), clients=list)

@@ -30,7 +30,7 @@ from foltr_async.runtime.codec import Envelope
 if TYPE_CHECKING:
     from foltr_async.runtime.bus import Bus
 
-__all__ = ["Agent", "Inbox", "client_id", "handles"]
+__all__ = ["Agent", "Inbox", "client_id", "declared_handlers", "handles"]
 
 log = structlog.get_logger()
 
@@ -91,6 +91,24 @@ def handles(kind: str, *more: str) -> Callable[[F], F]:
     return mark
 
 
+def declared_handlers(cls: type) -> dict[str, str]:
+    """kind -> name of the method of ``cls`` marked ``@handles(kind)`` (subclass definitions
+    win). Agents resolve theirs once per class; the round engine reads a strategy's the same
+    way, so there is one way to declare a handler whatever receives the message."""
+    names: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        own: dict[str, str] = {}
+        for attr, val in vars(klass).items():
+            for kind in getattr(val, _MARK, ()):
+                if kind in own and own[kind] != attr:
+                    raise TypeError(
+                        f"{klass.__name__}: both {own[kind]} and {attr} handle {kind!r}"
+                    )
+                own[kind] = attr
+        names.update(own)
+    return names
+
+
 class Agent(Checkpointed):
     """Base class of every participant (server, client, attacker, eavesdropper)."""
 
@@ -103,18 +121,7 @@ class Agent(Checkpointed):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        names: dict[str, str] = {}
-        for klass in reversed(cls.__mro__):
-            own: dict[str, str] = {}
-            for attr, val in vars(klass).items():
-                for kind in getattr(val, _MARK, ()):
-                    if kind in own and own[kind] != attr:
-                        raise TypeError(
-                            f"{klass.__name__}: both {own[kind]} and {attr} handle {kind!r}"
-                        )
-                    own[kind] = attr
-            names.update(own)
-        cls._handler_names = names
+        cls._handler_names = declared_handlers(cls)
 
     def __init__(self, agent_id: str, bus: Bus) -> None:
         self.id = agent_id

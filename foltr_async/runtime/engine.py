@@ -9,6 +9,7 @@ keeps time, so it knows nothing about any protocol.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.agent import Agent, declared_handlers
 from foltr_async.runtime.bus import Bus
 from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
@@ -38,7 +39,12 @@ class RoundPlan:
 
 
 class Strategy(Checkpointed, ABC):
-    """The server side of a protocol: what a round broadcasts and how replies become a model."""
+    """The server side of a protocol: what a round broadcasts and how replies become a model.
+
+    Other messages the server takes (an unlearning request, a relay) are the strategy's too:
+    a plain method marked ``@handles(kind)``, as on an agent, which the server agent built with
+    the strategy runs as each such message is delivered, between and during rounds alike.
+    """
 
     broadcast_kind: str
     reply_kind: str
@@ -122,6 +128,8 @@ class ServerAgent(Agent):
         #: the round whose timeline actions are being played (set as each round opens)
         self.plan_round = 0
         self._side: dict[str, Callable[[Envelope], None]] = {}
+        for kind, name in declared_handlers(type(strategy)).items():
+            self.on(kind, getattr(strategy, name))
         #: secure aggregation (None: plaintext): its phases run around the collection, and the
         #: round's replies are its masked kind, unmasked into one plaintext reply
         self.secure = secure
@@ -130,7 +138,11 @@ class ServerAgent(Agent):
             secure.attach(self)
 
     def on(self, kind: str, handler: Callable[[Envelope], None]) -> None:
-        """Handle another message kind (e.g. an unlearning request) besides the round replies."""
+        """Handle another message kind besides the round replies, as it is delivered: the
+        strategy's declared handlers, secure aggregation's phase replies. Not through the inbox,
+        so it must not await (a message may arrive while the server waits for a round)."""
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError(f"the server's handler of {kind!r} must be a plain function")
         self._side[kind] = handler
 
     def deliver(self, env: Envelope) -> None:  # replies are collected here, other kinds dispatched
