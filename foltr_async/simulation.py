@@ -883,7 +883,8 @@ class ProtocolRun(Checkpointed, ABC):
         """A new honest client agent owning these query numbers."""
 
     def attach_server(self, server: ServerAgent) -> None:
-        """Called once the server agent exists (e.g. to register extra message handlers)."""
+        """Called once the server agent exists (e.g. to keep it: the round being played, a
+        sender for the strategy's declared handlers)."""
 
     async def request_unlearning(self, agent: Agent) -> None:
         raise ScenarioError(f"timeline: protocol {type(self).__name__} does not support unlearning")

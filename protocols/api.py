@@ -12,7 +12,8 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   declares that a protocol's update may be masked (its server only needs the weighted sum).
 - ``Strategy``: the server side of one round (``configure_round`` -> the broadcast body,
   ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
-  rest (selection, deadline, late replies, secure aggregation).
+  rest (selection, deadline, late replies, secure aggregation). The server's other messages
+  are the strategy's plain methods marked ``@handles(kind)``, run as they are delivered.
 - ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
   hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
   named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``).

@@ -274,10 +274,20 @@ def train_pool(ctx: RunContext) -> BatchPool:
 
 
 class FPDGDStrategy(ModelStrategy):
-    """Server side: broadcast the global weights, aggregate the clients' weights."""
+    """Server side: broadcast the global weights, aggregate the clients' weights, and take the
+    unlearning requests (the run calibrates the leavers away when training ends)."""
 
     broadcast_kind = MODEL
     reply_kind = UPDATE
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.leavers: dict[str, int] = {}  # client id -> round of its request
+
+    @handles(UNLEARN)
+    def on_unlearn_request(self, env) -> None:
+        self.leavers.setdefault(env.body["client"], env.round)
+        self.ctx.emit("unlearn_request", agent=env.body["client"], round=env.round)
 
 
 class CalibrationStrategy(Strategy):
@@ -319,19 +329,12 @@ class FPDGD(ProtocolRun):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
-        self.leavers: dict[str, int] = {}  # client id -> round of its request
         self.cost: dict = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
     def attach_server(self, server) -> None:
-        self.server = server
-
-        def on_request(env) -> None:
-            self.leavers.setdefault(env.body["client"], env.round)
-            self.ctx.emit("unlearn_request", agent=env.body["client"], round=env.round)
-
-        server.on(UNLEARN, on_request)
+        self.server = server  # a request is stamped with the round being played
 
     async def request_unlearning(self, agent: Agent) -> None:
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
@@ -340,7 +343,8 @@ class FPDGD(ProtocolRun):
     async def finish(self, server, reports: list) -> None:
         self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
         self.last_round = reports[-1].round if reports else 0
-        if not self.leavers:
+        leavers = self.strategy.leavers
+        if not leavers:
             return
         p, fed = self.ctx.params, self.ctx.cfg["federation"]
         last = reports[-1].round if reports else 0
@@ -351,22 +355,22 @@ class FPDGD(ProtocolRun):
         strategy = CalibrationStrategy(self.strategy, stored_rounds)
         strategy.first_round = last + 1
         plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
-        self.ctx.emit("unlearn_start", clients=sorted(self.leavers), rounds=len(stored_rounds))
+        self.ctx.emit("unlearn_start", clients=sorted(leavers), rounds=len(stored_rounds))
         calib = await server.run_rounds(strategy, plan, first_round=last + 1)
         n_clients = fed["clients"] + self.ctx.n_malicious
         remaining = [c.replied for c in calib]
         d = self.strategy.model.size
         self.cost = {
-            "clients": sorted(self.leavers),
-            "requested_round": min(self.leavers.values()),
+            "clients": sorted(leavers),
+            "requested_round": min(leavers.values()),
             "calibration_rounds": len(stored_rounds),
             "calibration_interactions": int(sum(remaining)) * p.calibration_steps,
             # retraining = every training round again, without the leavers
             "retrain_interactions": len(reports)
-            * (n_clients - len(self.leavers))
+            * (n_clients - len(leavers))
             * fed["queries_per_client"],
             "calibration_messages": 2 * int(sum(remaining)),
-            "retrain_messages": 2 * len(reports) * (n_clients - len(self.leavers)),
+            "retrain_messages": 2 * len(reports) * (n_clients - len(leavers)),
             "storage_bytes_per_client": len(stored_rounds) * d * 8,
         }
         self.ctx.emit("unlearn_done", **self.cost)

@@ -1,12 +1,12 @@
-"""The server side: the training strategy (FedAvg, or per-party evaluation in the local modes)
-and the run, whose server relays the parties' sketch queries under fresh tokens."""
+"""The server side: the strategy (FedAvg, or per-party evaluation in the local modes), which
+also relays the parties' sketch queries under fresh tokens, and the run."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from foltr_async.errors import ScenarioError
-from foltr_async.runtime.agent import Agent, client_id
+from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.engine import Strategy
 from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.csfltr.corpus import (
@@ -25,7 +25,8 @@ from protocols.csfltr.primitives import evaluate
 
 
 class CSFLTRStrategy(Strategy):
-    """FedAvg (csfltr, global) or per-party evaluation only (local, local+)."""
+    """FedAvg (csfltr, global) or per-party evaluation only (local, local+); between the
+    parties, the relay of sketch queries and collection statistics."""
 
     broadcast_kind = MODEL
     reply_kind = UPDATE
@@ -35,6 +36,8 @@ class CSFLTRStrategy(Strategy):
         self.model = np.zeros(N_FEATURES)
         self.party_models: dict[str, np.ndarray] = {}
         self.generated = False
+        self.routes: dict[int, tuple[str, int]] = {}  # relay token -> (querier, its request)
+        self.last_token = 0
 
     def configure_round(self, round: int) -> dict:
         gen = not self.generated and self.proto.mode in ("csfltr", "local+")
@@ -62,6 +65,37 @@ class CSFLTRStrategy(Strategy):
         out["ndcg@10_max"] = float(max(m["ndcg@10"] for m in per))
         return out
 
+    # -------------------------------------------------------------- relay
+
+    @handles(*QUERIES)
+    def forward(self, env) -> None:
+        """A sketch query goes to its owner under a fresh token: the owner never learns who
+        asked, and the answer finds its way back by the token."""
+        self.last_token += 1
+        self.routes[self.last_token] = (env.src, env.body["req"])
+        body = {**env.body, "req": self.last_token}
+        self.proto.server.send(env.body["owner"], env.kind, body, env.round)
+
+    @handles(*QUERIES.values())
+    def back(self, env) -> None:
+        """An answer goes back to the querier under the request number it chose."""
+        server = self.proto.server
+        route = self.routes.pop(env.body["req"], None)
+        if route is None:
+            server.bus.report_drop(
+                "no_handler", "answer to an unknown relay token", env.src, server.id, env.kind
+            )
+            return
+        server.send(route[0], env.kind, {**env.body, "req": route[1]}, env.round)
+
+    @handles(STATS)
+    def publish(self, env) -> None:
+        """Collection statistics go to every other party."""
+        proto = self.proto
+        for p in range(proto.corpus.n_parties):
+            if proto.party_id(p) != env.src:
+                proto.server.send(proto.party_id(p), STATS, env.body, env.round)
+
 
 class CSFLTR(ProtocolRun):
     """One CS-F-LTR run: the corpus, the parties, the relaying server and the measurements."""
@@ -81,7 +115,6 @@ class CSFLTR(ProtocolRun):
         self.stop = p.stopwords
         self.test = test_set(self.corpus, p.local_candidates, self.stop)
         self.strategy = CSFLTRStrategy(self)
-        self.routes: dict[int, tuple[str, int]] = {}
         self.measure = Measurements(ctx.probe, self.k, self.corpus, self.stop)
 
     def index(self, p: int) -> PartyIndex:
@@ -100,36 +133,8 @@ class CSFLTR(ProtocolRun):
             raise ScenarioError(f"csfltr: unexpected party id {agent_id}")
         return Party(agent_id, self, ids[agent_id], rng)
 
-    # -------------------------------------------------------------- relay
-
     def attach_server(self, server) -> None:
-        self.server = server
-        token = iter(range(1, 2**62))
-
-        def forward(env) -> None:
-            t = next(token)
-            self.routes[t] = (env.src, env.body["req"])
-            server.send(env.body["owner"], env.kind, {**env.body, "req": t}, env.round)
-
-        def back(env) -> None:
-            route = self.routes.pop(env.body["req"], None)
-            if route is None:
-                server.bus.report_drop(
-                    "no_handler", "answer to an unknown relay token", env.src, server.id, env.kind
-                )
-                return
-            server.send(route[0], env.kind, {**env.body, "req": route[1]}, env.round)
-
-        for q, a in QUERIES.items():
-            server.on(q, forward)
-            server.on(a, back)
-
-        def publish(env) -> None:  # collection statistics go to every other party
-            for p in range(self.corpus.n_parties):
-                if self.party_id(p) != env.src:
-                    server.send(self.party_id(p), STATS, env.body, env.round)
-
-        server.on(STATS, publish)
+        self.server = server  # the strategy's relay sends through it
 
     def report(self) -> dict:
         return {"csfltr": self.measure.report(self)}
