@@ -24,6 +24,7 @@ Mechanisms:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -136,23 +137,16 @@ def account(
     """
     played = sorted(taken_part)
     per_client = {c: 0 for c in clients}
+    worst, worst_after = 0, []  # the worst client's rounds after each played round (one pass)
     for r in played:
         for c in taken_part[r]:
             per_client[c] = per_client.get(c, 0) + 1
-
-    def worst_until(last: int) -> int:
-        counts: dict[str, int] = {}
-        for r in played:
-            if r > last:
-                break
-            for c in taken_part[r]:
-                counts[c] = counts.get(c, 0) + 1
-        return max(counts.values(), default=0)
+            worst = max(worst, per_client[c])
+        worst_after.append(worst)
 
     def eps(n_rounds: int) -> dict:
         return composed(mech, n_rounds * releases_per_round, delta)
 
-    worst = max(per_client.values(), default=0)
     run = {"rounds": len(played), "max_client_rounds": worst, **eps(worst)}
     n_clients = len(per_client)
     q = sum(per_client.values()) / (len(played) * n_clients) if played and n_clients else 1.0
@@ -162,10 +156,10 @@ def account(
         run.update(sampled(mech, len(played) * releases_per_round, q, delta))
     curve: dict[str, list] = {"rounds": list(curve_rounds)}
     for r in curve_rounds:
-        point = eps(worst_until(r))
+        so_far = bisect.bisect_right(played, r)  # played rounds up to r
+        point = eps(worst_after[so_far - 1] if so_far else 0)
         if amplified:
-            so_far = sum(p <= r for p in played) * releases_per_round
-            point = {**point, **sampled(mech, so_far, q, delta)}
+            point = {**point, **sampled(mech, so_far * releases_per_round, q, delta)}
         for key, value in point.items():
             curve.setdefault(key, []).append(value)
     return {
