@@ -327,8 +327,8 @@ def _run_scenario(
     checkpoint_every: int,
     resume: bool,
     remote: Any,
-    jobs: int = 1,
-    executor: str = "local",
+    jobs: int,
+    executor: str,
 ) -> dict:
     if scenario.folds and remote is not None:
         raise ScenarioError("dataset.folds: only with the memory transport")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from foltr_async.observe.timecurve import is_timed
+
 LINESTYLES = ("-", "--", ":", "-.")
 #: privacy panel: one line style per accountant (observe/privacy.py keys)
 ACCOUNTANT_STYLES = {
@@ -135,7 +137,7 @@ def _time_panel(results: dict):
     """Offline metric against simulated time, drawn when a variant ran asynchronously (its
     evaluations are not at the same times as a round-based variant's), else None."""
     variants = results.get("variants", {})
-    if not any("staleness" in rep for v in variants.values() for rep in v.get("repeats", [])):
+    if not is_timed({name: v.get("repeats", []) for name, v in variants.items()}):
         return None
     metric = results.get("metric", "ndcg@10")
 

@@ -83,9 +83,10 @@ def learned_nothing(rep: dict) -> bool:
     return per_round is not None and not any(per_round)
 
 
-def nothing_learned(variants: dict[str, list[dict]]) -> dict[str, int]:
-    """Variants with repeats that learned nothing, and how many such repeats each has."""
-    counts = {name: sum(map(learned_nothing, reps)) for name, reps in variants.items()}
+def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
+    """Variants with repeats that learned nothing, and how many such repeats each has (read
+    from the variants' summaries, which count them)."""
+    counts = {name: s["contributions"]["learned_nothing"] for name, s in summaries.items()}
     return {name: n for name, n in counts.items() if n}
 
 
@@ -405,6 +406,7 @@ class ResultsWriter(Observer):
     def results(self) -> dict:
         """The current results.json object (JSON-safe plain data)."""
         variants = self._variants()
+        summaries = {name: summarise_variant(reps, self.metric) for name, reps in variants.items()}
         res: dict[str, Any] = {
             "scenario": self.scenario,
             "seed": self.seed,
@@ -413,13 +415,13 @@ class ResultsWriter(Observer):
             "metric": self.metric,
             "planned": self._planned,
             "variants": {
-                name: {"repeats": reps, "summary": summarise_variant(reps, self.metric)}
+                name: {"repeats": reps, "summary": summaries[name]}
                 for name, reps in variants.items()
             },
             "comparisons": compare(variants, self.reference, self.metric),
             "conclusions": list(self._conclusions),
             "complete": self._complete,
-            "nothing_learned": nothing_learned(variants),
+            "nothing_learned": nothing_learned(summaries),
         }
         if is_timed(variants):  # asynchronous variants: compare at equal simulated time
             res["equal_time"] = at_common_time(variants, self.metric)

@@ -26,7 +26,6 @@ from typing import Any
 from foltr_async.errors import FoltrError
 from foltr_async.observe.observer import Observer
 
-TRACKERS = ("mlflow", "tensorboard")
 _BAD = re.compile(r"[^\w.\- :/]")
 
 
