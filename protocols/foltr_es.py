@@ -160,7 +160,7 @@ class ESClient(OnlineClient):
         self.truth.append(value)  # oracle: the metric before privatisation
         return privatise(value, self.p, self.rng) if self.metric == "maxrr" else value
 
-    def serve(self, plus: np.ndarray, minus: np.ndarray, n_minus: int) -> ServeJob:
+    def serve_job(self, plus: np.ndarray, minus: np.ndarray, n_minus: int) -> ServeJob:
         """This round's two halves as a job for the batched path (``_serve`` twice, at once)."""
         return ServeJob(self, plus, minus, self.batch - n_minus, n_minus)
 
@@ -173,7 +173,7 @@ class ESClient(OnlineClient):
         n_minus = self.batch // 2 if self.antithetic else 0
         self.truth = []
         if self.pool is not None:  # every client of the round served together, same draws
-            m_plus, m_minus = await self.pool.submit(self.serve(theta + e, theta - e, n_minus))
+            m_plus, m_minus = await self.pool.submit(self.serve_job(theta + e, theta - e, n_minus))
         else:
             m_plus = self._serve(theta + e, self.batch - n_minus)
             m_minus = self._serve(theta - e, n_minus)

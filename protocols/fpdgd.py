@@ -127,7 +127,7 @@ class LocalLearner:
         )
         self.rng = rng
         self.lr = p.lr
-        self.dp = getattr(p, "dp", False)  # asynchronous FPDGD has no DP parameters
+        self.dp = p.dp
         if self.dp:
             self.bound = p.clip_norm
             self.noise_scale = p.sensitivity / p.epsilon

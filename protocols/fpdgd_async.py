@@ -21,6 +21,8 @@ clients, which an asynchronous server never has.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from foltr_async.errors import ScenarioError
@@ -48,6 +50,8 @@ class Params:
     buffer: int = param(10, "FedBuff: updates per server step (K)", min=1)
     server_lr: float = param(1.0, "FedBuff: server learning rate eta_g", min=0.0)
     period: float = param(10.0, "simulated seconds per reporting period (one round)", min=1e-9)
+    #: not a scenario parameter: no DP here (see above), as the FPDGD learner reads it
+    dp: ClassVar[bool] = False
 
 
 def staleness_weight(kind: str, tau: int, a: float, b: float) -> float:
