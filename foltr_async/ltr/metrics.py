@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from foltr_async.ltr.clicks import _grade_index
 from foltr_async.ltr.queryset import QuerySet
 
 NO_RELEVANT = ("skip", "zero")
@@ -156,7 +157,7 @@ def expected_maxrr(
     doc, q, rank = _top_k_rows(scores, qs, k)
     pc = np.asarray(p_click, dtype=np.float64)
     c = np.zeros((qs.n_queries, k))  # ranks a short query lacks: no document, no click
-    c[q, rank] = pc[np.clip(qs.labels[doc].astype(np.int64), 0, pc.size - 1)]
+    c[q, rank] = pc[_grade_index(qs.labels[doc], pc.size)]
     reach = np.cumprod(np.hstack([np.ones((qs.n_queries, 1)), 1.0 - c[:, :-1]]), axis=1)
     return (c * reach / np.arange(1, k + 1)).sum(axis=1)
 

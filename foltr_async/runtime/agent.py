@@ -51,9 +51,6 @@ class Inbox:
         self._items: deque[Envelope] = deque()
         self._waiter: asyncio.Future | None = None
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def empty(self) -> bool:
         return not self._items
 

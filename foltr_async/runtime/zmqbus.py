@@ -77,6 +77,7 @@ from foltr_async.runtime.codec import (
     Spec,
     Str,
     Struct,
+    _header,
     decode,
     encode,
     encode_many,
@@ -188,7 +189,7 @@ def check_control(msg: dict, schemas: Mapping[str, Spec]) -> str | None:
 
 def _head(kind: str, src: str, dst: str, round: int, seq: int, sent_at: float) -> bytes:
     """An envelope's bytes up to its body (the packed body follows): the codec's own framing."""
-    return encode(Envelope(kind, src, dst, {}, round, seq, sent_at, WIRE_VERSION))[:-1]
+    return _header(WIRE_VERSION, kind, src, dst, seq, round, sent_at)
 
 
 # --------------------------------------------------------------------------- keys
