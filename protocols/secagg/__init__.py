@@ -57,33 +57,11 @@ from __future__ import annotations
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
 from protocols import eavesdrop, fpdgd
-from protocols.secagg.client import SecAggClient
 from protocols.secagg.eavesdropper import MaskedEavesdropper
 from protocols.secagg.measurement import cost
-from protocols.secagg.primitives import (
-    from_ring,
-    harary,
-    prg,
-    shamir_combine,
-    shamir_split,
-    to_ring,
-)
 from protocols.secagg.scheme import Settings, make_run
-from protocols.secagg.server import SecAggServer
 
-__all__ = [
-    "SecAggClient",
-    "SecAggServer",
-    "Settings",
-    "cost",
-    "from_ring",
-    "harary",
-    "make_run",
-    "prg",
-    "shamir_combine",
-    "shamir_split",
-    "to_ring",
-]
+__all__ = ["cost"]
 
 
 def _build(ctx, spec: Summable, settings: dict) -> SecureRun:

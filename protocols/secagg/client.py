@@ -33,7 +33,7 @@ from protocols.secagg.primitives import (
     CHUNKS,
     KEY_LEN,
     kdf,
-    pair_label,
+    pair_mask,
     prg,
     private_key,
     public_key,
@@ -204,7 +204,7 @@ class SecAggClient(SecureClient):
         s_sk = private_key(st.s_raw)
         plus, minus = np.zeros(m, np.uint64), np.zeros(m, np.uint64)
         for v in st.u2:
-            p = prg(kdf(s_sk.exchange(public_key(st.s_pks[v])), pair_label(me, v, st.round)), m)
+            p = pair_mask(s_sk, st.s_pks[v], me, v, st.round, m)
             if me < v:
                 plus += p
             else:

@@ -44,6 +44,12 @@ def pair_label(a: str, b: str, round: int) -> str:
     return f"foltr-secagg mask {lo}|{hi}@{round}"
 
 
+def pair_mask(sk: X25519PrivateKey, pk: bytes, a: str, b: str, round: int, n: int) -> np.ndarray:
+    """PRG(s_ab): the pairwise mask of clients a and b (one's private key, the other's public
+    key), the same from either side, as the client adds it and the server removes it."""
+    return prg(kdf(sk.exchange(public_key(pk)), pair_label(a, b, round)), n)
+
+
 def share_label(src: str, dst: str, round: int) -> str:
     return f"foltr-secagg share {src}>{dst}@{round}"
 

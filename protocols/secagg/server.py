@@ -32,11 +32,9 @@ from protocols.secagg.primitives import (
     KEY_LEN,
     from_ring,
     harary,
-    kdf,
-    pair_label,
+    pair_mask,
     prg,
     private_key,
-    public_key,
     secret_bytes,
     shamir_combine,
     threshold_of,
@@ -174,7 +172,7 @@ class SecAggServer(SecureServer):
                 )
             for u in st.graph[v]:
                 if u in alive:
-                    p = prg(kdf(sk.exchange(public_key(st.s_pks[u])), pair_label(u, v, round)), m)
+                    p = pair_mask(sk, st.s_pks[u], u, v, round, m)
                     total = total - p if u < v else total + p
         self.totals.update(
             rounds=1,
