@@ -40,6 +40,7 @@ from foltr_async.runtime.codec import (
     SchemaRegistry,
     SharedBody,
     decode,
+    decode_from,
     encode,
     encode_many,
 )
@@ -470,10 +471,10 @@ class MemoryBus(Bus):
             self.report_drop("offline", f"receiver {dst} is offline", src, dst, kind)
             return
         try:
-            if shared is None:
+            if kind is None:  # raw bytes: nothing is known about them
                 env = decode(data, self.registry, self.max_bytes)
             else:
-                env = shared.decode(data, self.registry, self.max_bytes)
+                env = decode_from(data, kind, src, dst, shared, self.registry, self.max_bytes)
         except DropMessage as e:
             h = e.header
             self.report_drop(e.reason, e.detail, h.src if h else src, dst, h.kind if h else kind)
