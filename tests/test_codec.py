@@ -31,6 +31,7 @@ from foltr_async.runtime.codec import (
     decode_from,
     encode,
     encode_many,
+    encode_one,
     pack_body,
 )
 
@@ -169,6 +170,7 @@ def test_encode_many_packs_the_body_once_and_matches_encode():
     packed = pack_body(body)
     for dst, seq, data in zip(dsts, [7, 8, 9], datas, strict=True):
         assert data == encode(Envelope("model", "server", dst, body, 4, seq, 2.5))
+        assert data == encode_one("model", "server", dst, body, 4, seq, 2.5)
         assert data.endswith(packed)
         env = decode(data, REG)
         assert (env.dst, env.seq, env.round, env.sent_at) == (dst, seq, 4, 2.5)
@@ -190,6 +192,8 @@ def test_header_bytes_are_msgpack_of_the_envelope_map(kind, ids, numbers, sent_a
             "sent_at": sent_at, "body": {}}  # fmt: skip
     env = Envelope(kind, ids[0], ids[1], {}, rnd, seq, sent_at, v)
     assert encode(env) == msgpack.packb(head)
+    if v == 1:
+        assert encode_one(kind, ids[0], ids[1], {}, rnd, seq, sent_at) == encode(env)
 
 
 def broadcast_copies(body: dict, kind: str = "model", n: int = 3) -> tuple[SharedBody, list]:

@@ -40,8 +40,8 @@ from foltr_async.runtime.codec import (
     SharedBody,
     decode,
     decode_from,
-    encode,
     encode_many,
+    encode_one,
 )
 from foltr_async.runtime.network import NetworkModel, Presence
 
@@ -367,7 +367,7 @@ class MemoryBus(Bus):
         loop = asyncio.get_running_loop()
         now = loop.time()
         seq = self._next_seq(src, dst)
-        data = encode(Envelope(kind, src, dst, body, round, seq, now, WIRE_VERSION))
+        data = encode_one(kind, src, dst, body, round, seq, now)
         header = Envelope(kind, src, dst, {}, round, seq, now, WIRE_VERSION) if self._taps else None
         if not self._accept(data, src, dst, kind, header):
             return

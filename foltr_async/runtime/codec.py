@@ -53,6 +53,7 @@ __all__ = [
     "decode_from",
     "encode",
     "encode_many",
+    "encode_one",
     "register_kind",
 ]
 
@@ -233,6 +234,14 @@ def encode(env: Envelope) -> bytes:
     """Bytes of one envelope."""
     body = pack_body(env.body)
     return _header(env.v, env.kind, env.src, env.dst, env.seq, env.round, env.sent_at) + body
+
+
+def encode_one(
+    kind: str, src: str, dst: str, body: Mapping, round: int, seq: int, sent_at: float
+) -> bytes:
+    """``encode(Envelope(kind, src, dst, body, round, seq, sent_at))`` without the envelope."""
+    packed = pack_body(body)
+    return _header(WIRE_VERSION, kind, src, dst, seq, round, sent_at) + packed
 
 
 def encode_many(
