@@ -192,6 +192,9 @@ def test_header_bytes_are_msgpack_of_the_envelope_map(kind, ids, numbers, sent_a
             "sent_at": sent_at, "body": {}}  # fmt: skip
     env = Envelope(kind, ids[0], ids[1], {}, rnd, seq, sent_at, v)
     assert encode(env) == msgpack.packb(head)
+    assert encode(Envelope(kind, ids[0], ids[1], {}, rnd, seq, sent_at, True)) == msgpack.packb(
+        {**head, "v": True}
+    )
     if v == 1:
         assert encode_one(kind, ids[0], ids[1], {}, rnd, seq, sent_at) == encode(env)
 
@@ -232,6 +235,7 @@ def test_decode_from_a_known_link_equals_decode():
             alone.kind, alone.src, alone.dst, alone.round, alone.seq, alone.sent_at, alone.v,
         )  # fmt: skip
         assert env.body["round_hint"] == 3 and same(env.body["params"], body["params"])
+        assert not env.body["params"].flags.writeable
     data = encode(Envelope("model", "server", "client-0", body, 1, 1, 0.0))
     other = decode_from(data, "model", "server", "client-9", None, REG)  # not what was sent
     assert other.dst == "client-0"  # read in full: the bus then drops it as misrouted

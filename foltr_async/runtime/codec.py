@@ -211,7 +211,13 @@ def _header(v: int, kind: str, src: str, dst: str, seq: int, round: int, sent_at
     body: nil}`` without its trailing nil (so a pre-packed body can be appended: how a broadcast
     encodes its body once): the map's start cached per kind and link, then the numbers.
     """
-    if v == WIRE_VERSION and type(kind) is str and type(src) is str and type(dst) is str:
+    if (
+        type(v) is int
+        and v == WIRE_VERSION
+        and type(kind) is str
+        and type(src) is str
+        and type(dst) is str
+    ):
         head = _link_prefix(kind, src, dst)
     else:  # unusual values (tests of the wire form): nothing to cache
         head = _map_start(v, kind, src, dst)
@@ -767,7 +773,7 @@ def _decode_known(
     schema = registry.get(kind)
     if n > max_bytes or schema is None or (schema.max_bytes is not None and n > schema.max_bytes):
         return None
-    head = _KNOWN.get((kind, src, dst)) or _known_prefix(kind, src, dst)
+    head = _known_prefix(kind, src, dst)
     if head is None or not data.startswith(head):
         return None
     seq, i = _uint_at(data, len(head))
