@@ -20,9 +20,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import heapq
-import itertools
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -40,8 +39,9 @@ from foltr_async.runtime.codec import (
     SchemaRegistry,
     SharedBody,
     decode,
-    encode,
+    decode_from,
     encode_many,
+    encode_one,
 )
 from foltr_async.runtime.network import NetworkModel, Presence
 
@@ -269,9 +269,11 @@ class MemoryBus(Bus):
         self._guards: dict[str, ReplayGuard] = {}
         self._seq: dict[tuple[str, str], int] = {}
         self._offline: set[str] = set()
-        #: (due time, send order, bytes, src, dst, kind, the broadcast's SharedBody or None)
-        self._due: list[tuple[float, int, bytes, str, str, str, SharedBody | None]] = []
-        self._order = itertools.count()
+        #: due time -> the messages due then in send order: (bytes, src, dst, kind, the
+        #: broadcast's SharedBody or None); ``_times`` is a heap of its keys
+        self._due: dict[float, deque[tuple[bytes, str, str, str, SharedBody | None]]] = {}
+        self._times: list[float] = []
+        self._in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
@@ -308,7 +310,7 @@ class MemoryBus(Bus):
 
     @property
     def in_flight(self) -> int:
-        return len(self._due)
+        return self._in_flight
 
     # ---------------------------------------------------------------- sending
 
@@ -349,7 +351,12 @@ class MemoryBus(Bus):
         kind: str,
         shared: SharedBody | None = None,
     ) -> None:
-        heapq.heappush(self._due, (when, next(self._order), data, src, dst, kind, shared))
+        queue = self._due.get(when)
+        if queue is None:
+            queue = self._due[when] = deque()
+            heapq.heappush(self._times, when)
+        queue.append((data, src, dst, kind, shared))
+        self._in_flight += 1
         if self._timer is None or when < self._timer_at:
             if self._timer is not None:
                 self._timer.cancel()
@@ -360,7 +367,7 @@ class MemoryBus(Bus):
         loop = asyncio.get_running_loop()
         now = loop.time()
         seq = self._next_seq(src, dst)
-        data = encode(Envelope(kind, src, dst, body, round, seq, now, WIRE_VERSION))
+        data = encode_one(kind, src, dst, body, round, seq, now)
         header = Envelope(kind, src, dst, {}, round, seq, now, WIRE_VERSION) if self._taps else None
         if not self._accept(data, src, dst, kind, header):
             return
@@ -439,15 +446,22 @@ class MemoryBus(Bus):
     # ---------------------------------------------------------------- receiving
 
     def _arrive_due(self) -> None:
-        # One loop timer, always for the earliest message: the bus's own heap orders arrivals
-        # by (time, send order) with C tuple comparisons instead of one TimerHandle per message.
+        # One loop timer, always for the earliest message, instead of one TimerHandle per
+        # message; the messages of one instant (a broadcast's copies, a round's replies on a
+        # network without latency) are one heap entry, delivered in send order in one pass
+        # (those sent meanwhile for the same instant too, after them).
         limit, self._timer = self._timer_at, None
-        due = self._due
-        while due and due[0][0] <= limit:
-            _, _, data, src, dst, kind, shared = heapq.heappop(due)
-            self._arrive(data, dst, src, kind, shared)
-        if due and self._timer is None:
-            self._timer_at = due[0][0]
+        times, due = self._times, self._due
+        while times and times[0] <= limit:
+            when = heapq.heappop(times)
+            queue = due[when]
+            while queue:
+                data, src, dst, kind, shared = queue.popleft()
+                self._in_flight -= 1
+                self._arrive(data, dst, src, kind, shared)
+            del due[when]
+        if times and self._timer is None:
+            self._timer_at = times[0]
             self._timer = asyncio.get_running_loop().call_at(self._timer_at, self._arrive_due)
 
     def inject(self, data: bytes, dst: str) -> None:
@@ -470,10 +484,10 @@ class MemoryBus(Bus):
             self.report_drop("offline", f"receiver {dst} is offline", src, dst, kind)
             return
         try:
-            if shared is None:
+            if kind is None:  # raw bytes: nothing is known about them
                 env = decode(data, self.registry, self.max_bytes)
             else:
-                env = shared.decode(data, self.registry, self.max_bytes)
+                env = decode_from(data, kind, src, dst, shared, self.registry, self.max_bytes)
         except DropMessage as e:
             h = e.header
             self.report_drop(e.reason, e.detail, h.src if h else src, dst, h.kind if h else kind)

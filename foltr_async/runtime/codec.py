@@ -50,8 +50,10 @@ __all__ = [
     "SharedBody",
     "Struct",
     "decode",
+    "decode_from",
     "encode",
     "encode_many",
+    "encode_one",
     "register_kind",
 ]
 
@@ -160,19 +162,46 @@ def _pack(obj: Any) -> bytes:
     return pack(obj)
 
 
-#: Packed header strings (kinds, agent ids), bounded by the agents and kinds of a run.
-_PACKED_IDS: dict[str, bytes] = {}
+#: (kind, src, dst) -> the packed header up to the ``seq`` key, bounded by a run's links.
+_PREFIXES: dict[tuple[str, str, str], bytes] = {}
+#: msgpack's forms of a positive int and a float64, picked as ``msgpack.packb`` picks them.
+_FIXINT = [bytes((i,)) for i in range(128)]
+_U8, _U16, _U32 = (struct.Struct(f">B{c}").pack for c in "BHI")
+_F64 = struct.Struct(">d").pack
 
 
-def _packed_id(value: Any) -> bytes:
-    got = _PACKED_IDS.get(value) if type(value) is str else None
-    if got is None:
-        got = _pack(value)
-        if type(value) is str:
-            if len(_PACKED_IDS) >= 1 << 18:  # a bound for runs with very many agents
-                _PACKED_IDS.clear()
-            _PACKED_IDS[value] = got
-    return got
+def _packed_uint(x: Any) -> bytes:
+    """``msgpack.packb(x)`` for ints 0 <= x < 2**32 without a call into the Packer."""
+    if type(x) is int and x >= 0:
+        if x < 128:
+            return _FIXINT[x]
+        if x < 0x100:
+            return _U8(0xCC, x)
+        if x < 0x10000:
+            return _U16(0xCD, x)
+        if x < 0x100000000:
+            return _U32(0xCE, x)
+    return _pack(x)
+
+
+def _map_start(v: Any, kind: Any, src: Any, dst: Any) -> bytes:
+    return b"".join(
+        (
+            b"\x88\xa1v", _pack(v), b"\xa4kind", _pack(kind), b"\xa3src", _pack(src),
+            b"\xa3dst", _pack(dst), b"\xa3seq",
+        )
+    )  # fmt: skip
+
+
+def _link_prefix(kind: str, src: str, dst: str) -> bytes:
+    """The packed map up to the ``seq`` key of a current-version envelope, cached."""
+    key = (kind, src, dst)
+    head = _PREFIXES.get(key)
+    if head is None:
+        if len(_PREFIXES) >= 1 << 18:  # a bound for runs with very many agents
+            _PREFIXES.clear()
+        head = _PREFIXES[key] = _map_start(WIRE_VERSION, kind, src, dst)
+    return head
 
 
 def _header(v: int, kind: str, src: str, dst: str, seq: int, round: int, sent_at: float) -> bytes:
@@ -180,28 +209,45 @@ def _header(v: int, kind: str, src: str, dst: str, seq: int, round: int, sent_at
 
     Byte for byte ``msgpack.packb`` of the map ``{v, kind, src, dst, seq, round, sent_at,
     body: nil}`` without its trailing nil (so a pre-packed body can be appended: how a broadcast
-    encodes its body once), assembled from the map's fixed keys and cached packed ids.
+    encodes its body once): the map's start cached per kind and link, then the numbers.
     """
+    if (
+        type(v) is int
+        and v == WIRE_VERSION
+        and type(kind) is str
+        and type(src) is str
+        and type(dst) is str
+    ):
+        head = _link_prefix(kind, src, dst)
+    else:  # unusual values (tests of the wire form): nothing to cache
+        head = _map_start(v, kind, src, dst)
     return b"".join(
         (
-            b"\x88\xa1v", _pack(v), b"\xa4kind", _packed_id(kind), b"\xa3src", _packed_id(src),
-            b"\xa3dst", _packed_id(dst), b"\xa3seq", _pack(seq), b"\xa5round", _pack(round),
-            b"\xa7sent_at", _pack(float(sent_at)), b"\xa4body",
+            head, _packed_uint(seq), b"\xa5round", _packed_uint(round), b"\xa7sent_at\xcb",
+            _F64(float(sent_at)), b"\xa4body",
         )
     )  # fmt: skip
 
 
 def pack_body(body: Mapping) -> bytes:
     """The msgpack bytes of a body (arrays as ExtType); raises TypeError for unencodable values."""
-    if not isinstance(body, Mapping):
+    if type(body) is not dict and not isinstance(body, Mapping):
         raise TypeError(f"message body must be a dict, got {type(body).__name__}")
     return _pack(body)
 
 
 def encode(env: Envelope) -> bytes:
     """Bytes of one envelope."""
-    head = _header(env.v, env.kind, env.src, env.dst, env.seq, env.round, env.sent_at)
-    return head + pack_body(env.body)
+    body = pack_body(env.body)
+    return _header(env.v, env.kind, env.src, env.dst, env.seq, env.round, env.sent_at) + body
+
+
+def encode_one(
+    kind: str, src: str, dst: str, body: Mapping, round: int, seq: int, sent_at: float
+) -> bytes:
+    """``encode(Envelope(kind, src, dst, body, round, seq, sent_at))`` without the envelope."""
+    packed = pack_body(body)
+    return _header(WIRE_VERSION, kind, src, dst, seq, round, sent_at) + packed
 
 
 def encode_many(
@@ -494,7 +540,26 @@ def register_kind(kind: str, fields: Mapping[str, Spec], *, max_bytes: int | Non
 # --------------------------------------------------------------------------- decoding
 
 
+#: payload heads (dims included) of arrays decoded before -> (dtype, shape, count)
+_ARRAY_HEADS: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
+
+
 def _ext_hook(code: int, data: bytes) -> np.ndarray:
+    """An array ext's read-only view; a head seen before (a run sends few shapes) skips its
+    checks, bool arrays excepted (their bytes are checked every time)."""
+    if code == ARRAY_EXT and len(data) >= 2:
+        start = 2 + data[1]
+        off = start + (-start % 8) + 8 * data[0]
+        known = _ARRAY_HEADS.get(data[:off])
+        if known is not None:
+            dt, shape, count = known
+            if len(data) - off == count * dt.itemsize:
+                arr = np.frombuffer(data, dt, count, off)
+                return arr if len(shape) == 1 else arr.reshape(shape)
+    return _read_array(code, data)
+
+
+def _read_array(code: int, data: bytes) -> np.ndarray:
     if code != ARRAY_EXT:
         raise DropMessage("malformed", f"unknown ext type {code}")
     n = len(data)
@@ -518,13 +583,35 @@ def _ext_hook(code: int, data: bytes) -> np.ndarray:
     arr = np.frombuffer(data, dt, count, off)
     if ndim != 1:
         arr = arr.reshape(shape)
-    if dt.kind == "b" and count and arr.view(np.uint8).max() > 1:
-        raise DropMessage("malformed", "bool array holds bytes other than 0 and 1")
+    if dt.kind == "b":
+        if count and arr.view(np.uint8).max() > 1:
+            raise DropMessage("malformed", "bool array holds bytes other than 0 and 1")
+    elif len(_ARRAY_HEADS) < 4096:
+        _ARRAY_HEADS[data[:off]] = (dt, shape, count)
     return arr
 
 
 def _bad_header(obj: dict) -> str | None:
     """Why the envelope header is unusable, or None."""
+    kind, src, dst = obj.get("kind"), obj.get("src"), obj.get("dst")
+    seq, rnd, t = obj.get("seq"), obj.get("round"), obj.get("sent_at")
+    if (  # the usual header, checked in one expression; what is wrong is found below
+        type(kind) is str
+        and type(src) is str
+        and type(dst) is str
+        and 0 < len(kind) <= _MAX_ID_LEN
+        and 0 < len(src) <= _MAX_ID_LEN
+        and 0 < len(dst) <= _MAX_ID_LEN
+        and type(seq) is int
+        and seq >= 0
+        and type(rnd) is int
+        and rnd >= 0
+        and type(t) is float
+        and math.isfinite(t)
+        and type(obj.get("body")) is dict
+        and obj.keys() == _HEADER_KEYS
+    ):
+        return None
     if obj.keys() != _HEADER_KEYS:
         return f"envelope keys {sorted(map(str, obj))}"
     for key in ("kind", "src", "dst"):
@@ -594,12 +681,11 @@ def _decode(data: bytes, registry: SchemaRegistry, max_bytes: int) -> Envelope:
 class SharedBody:
     """A broadcast's body: packed once for all its copies, parsed and schema-checked at most once.
 
-    ``decode`` still reads every copy from its own bytes: each header is parsed and checked, the
-    bytes must end with this packed body, and the replay guard and taps see each copy as
-    before. Only the body's msgpack parse and schema check are shared, and each recipient gets
-    its own body dict holding the shared immutable values (read-only array views of the packed
-    bytes, numbers, strings). A body with mutable containers (lists, maps), and any copy that is
-    not exactly as the bus encoded it, is decoded in full, so a drop has the same reason.
+    Each copy still crosses as its own bytes and ``decode_from`` reads its header from them;
+    only the body's msgpack parse and schema check are shared (``checked``), and each recipient
+    gets its own body dict holding the shared immutable values (read-only array views of the
+    packed bytes, numbers, strings). A body with mutable containers (lists, maps), and any copy
+    that is not exactly as the bus encoded it, is decoded in full, so a drop has the same reason.
     """
 
     __slots__ = ("packed", "_checked")
@@ -609,43 +695,113 @@ class SharedBody:
         #: (registry, kind) -> the checked body, or None when it must be decoded per copy
         self._checked: dict[tuple[int, str], dict | None] = {}
 
-    def decode(
-        self, data: bytes, registry: SchemaRegistry = REGISTRY, max_bytes: int = DEFAULT_MAX_BYTES
-    ) -> Envelope:
-        """``decode(data, registry, max_bytes)`` for a copy of this body: the same envelope (or
-        the same ``DropMessage``), with the body's parse and check done once per kind."""
-        packed = self.packed
-        n = len(packed)
-        if len(data) > max_bytes or len(data) <= n or not data.endswith(packed):
-            return decode(data, registry, max_bytes)
-        try:  # the header alone: this body's place taken by nil
-            obj = msgpack.unpackb(
-                data[:-n] + b"\xc0", ext_hook=_ext_hook, raw=False, strict_map_key=True
-            )
-        except Exception:
-            return decode(data, registry, max_bytes)
-        if (
-            type(obj) is not dict
-            or type(obj.get("v")) is not int
-            or obj["v"] != WIRE_VERSION
-            or next(reversed(obj)) != "body"
-        ):
-            return decode(data, registry, max_bytes)
-        obj["body"] = {}
-        kind = obj["kind"]
-        schema = registry.get(kind) if _bad_header(obj) is None else None
-        if schema is None or (schema.max_bytes is not None and len(data) > schema.max_bytes):
-            return decode(data, registry, max_bytes)
+    def checked(self, registry: SchemaRegistry, kind: str, schema: _Schema) -> dict | None:
+        """The body checked against ``kind``'s schema if its values can be shared, else None."""
         key = (id(registry), kind)
         if key not in self._checked:
-            self._checked[key] = _shareable(packed, schema)
-        body = self._checked[key]
+            self._checked[key] = _shareable(self.packed, schema)
+        return self._checked[key]
+
+
+def decode_from(
+    data: bytes,
+    kind: str,
+    src: str,
+    dst: str,
+    shared: SharedBody | None = None,
+    registry: SchemaRegistry = REGISTRY,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Envelope:
+    """``decode(data, registry, max_bytes)`` of bytes a bus sent as a ``kind`` message from
+    ``src`` to ``dst`` (``shared``: the broadcast body they were encoded with): the same envelope
+    or the same ``DropMessage``, cheaper. The bytes must start with that link's packed header
+    prefix; the numbers after it are read and checked from the bytes, and the body is unpacked
+    and schema-checked (once per broadcast with ``shared``). Anything unexpected is decoded by
+    ``decode``, which then names the reason."""
+    try:
+        env = _decode_known(data, kind, src, dst, shared, registry, max_bytes)
+    except Exception:  # DropMessage, _Invalid, msgpack errors: the full decode says which
+        env = None
+    return decode(data, registry, max_bytes) if env is None else env
+
+
+#: msgpack's uint forms: first byte -> (reader of the value after it, bytes in all)
+_UINT_AT = {
+    code: (struct.Struct(">" + c).unpack_from, 1 + struct.calcsize(c))
+    for code, c in ((0xCC, "B"), (0xCD, "H"), (0xCE, "I"), (0xCF, "Q"))
+}
+_F64_AT = struct.Struct(">d").unpack_from
+
+
+def _uint_at(data: bytes, i: int) -> tuple[int, int]:
+    """The non-negative int msgpack packed at ``data[i]`` and the offset after it (-1: none)."""
+    b = data[i]
+    if b < 0x80:
+        return b, i + 1
+    form = _UINT_AT.get(b)
+    if form is None:
+        return -1, i
+    return form[0](data, i + 1)[0], i + form[1]
+
+
+#: (kind, src, dst) of valid header strings -> their link prefix (``_link_prefix``)
+_KNOWN: dict[tuple[str, str, str], bytes] = {}
+
+
+def _known_prefix(kind: str, src: str, dst: str) -> bytes | None:
+    key = (kind, src, dst)
+    head = _KNOWN.get(key)
+    if head is None:
+        if not all(type(x) is str and 0 < len(x) <= _MAX_ID_LEN for x in key):
+            return None
+        if len(_KNOWN) >= 1 << 18:
+            _KNOWN.clear()
+        head = _KNOWN[key] = _link_prefix(kind, src, dst)
+    return head
+
+
+def _decode_known(
+    data: bytes,
+    kind: str,
+    src: str,
+    dst: str,
+    shared: SharedBody | None,
+    registry: SchemaRegistry,
+    max_bytes: int,
+) -> Envelope | None:
+    n = len(data)
+    schema = registry.get(kind)
+    if n > max_bytes or schema is None or (schema.max_bytes is not None and n > schema.max_bytes):
+        return None
+    head = _known_prefix(kind, src, dst)
+    if head is None or not data.startswith(head):
+        return None
+    seq, i = _uint_at(data, len(head))
+    if seq < 0 or not data.startswith(b"\xa5round", i):
+        return None
+    rnd, i = _uint_at(data, i + 6)
+    if rnd < 0 or not data.startswith(b"\xa7sent_at\xcb", i):
+        return None
+    (sent_at,) = _F64_AT(data, i + 9)
+    i += 17
+    if not math.isfinite(sent_at) or not data.startswith(b"\xa4body", i):
+        return None
+    i += 5
+    if shared is not None:
+        packed = shared.packed
+        if n - i != len(packed) or not data.endswith(packed):
+            return None
+        body = shared.checked(registry, kind, schema)
         if body is None:
-            return decode(data, registry, max_bytes)
-        return Envelope(
-            kind, obj["src"], obj["dst"], dict(body), obj["round"], obj["seq"],
-            float(obj["sent_at"]), obj["v"],
-        )  # fmt: skip
+            return None
+        body = dict(body)
+    else:
+        rest = memoryview(data)[i:]
+        body = msgpack.unpackb(rest, ext_hook=_ext_hook, raw=False, strict_map_key=True)
+        if type(body) is not dict:
+            return None
+        _check_dict(body, schema.fields)
+    return Envelope(kind, src, dst, body, rnd, seq, sent_at, WIRE_VERSION)
 
 
 _IMMUTABLE = (int, float, str, bytes, bool, type(None))
