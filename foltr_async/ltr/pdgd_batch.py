@@ -114,37 +114,46 @@ class BatchResult:
     ndcg: np.ndarray  # (jobs, steps) float64
 
 
-def _click_tables(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray]:
-    """Per job (P(click | grade), P(stop | click, grade)) rows, padded, and its grade count."""
-    rows: dict[int, int] = {}
-    distinct: list[CascadeModel] = []
-    which = np.empty(len(jobs), dtype=np.int64)
-    for j, job in enumerate(jobs):
+_TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def _params(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per job (lr, clip norm or inf, click model number); per model its (P(click | grade),
+    P(stop | click, grade)) rows, padded, and its grade count."""
+    number: dict[int, int] = {}
+    models: list[CascadeModel] = []
+    rows = []
+    for job in jobs:
         m = job.click_model
-        i = rows.get(id(m))
+        i = number.get(id(m))
         if i is None:
             if not isinstance(m, CascadeModel):
                 raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
-            i = rows[id(m)] = len(distinct)
-            distinct.append(m)
-        which[j] = i
-    width = max(len(m.p_click) for m in distinct)
-    tab = np.zeros((len(distinct), 2, width))
-    for i, m in enumerate(distinct):
-        tab[i, 0, : len(m.p_click)] = m.p_click
-        tab[i, 1, : len(m.p_stop)] = m.p_stop
-    n_grades = np.array([len(m.p_click) for m in distinct], dtype=np.int64)
-    return tab[which], n_grades[which]
+            i = number[id(m)] = len(models)
+            models.append(m)
+        rows.append((job.lr, np.inf if job.clip is None else job.clip, i))
+    if len(models) == 1 and models[0] in _TABLES:
+        tables = _TABLES[models[0]]
+    else:
+        width = max(len(m.p_click) for m in models)
+        tables = np.zeros((len(models), 2, width))
+        for i, m in enumerate(models):
+            tables[i, 0, : len(m.p_click)] = m.p_click
+            tables[i, 1, : len(m.p_stop)] = m.p_stop
+        if len(models) == 1:
+            _TABLES[models[0]] = tables
+    n_grades = np.array([len(m.p_click) for m in models], dtype=np.int64)
+    return np.array(rows, dtype=np.float64), tables, n_grades
 
 
 def _score(features: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
     """``LinearRanker.score`` of one query's documents into ``out`` (the same row chunks)."""
     n = features.shape[0]
     if n <= _CHUNK:
-        out[:] = features @ w
+        np.matmul(features, w, out=out)
     else:
         for i in range(0, n, _CHUNK):
-            out[i : i + _CHUNK] = features[i : i + _CHUNK] @ w
+            np.matmul(features[i : i + _CHUNK], w, out=out[i : i + _CHUNK])
 
 
 def train_linear_batch(
@@ -157,43 +166,42 @@ def train_linear_batch(
     """
     n_jobs = len(jobs)
     n_feat = train.n_features
-    max_steps = max((job.n_steps for job in jobs), default=0)
-    shown = np.full((n_jobs, max_steps), np.nan)
-    query = np.full((max_steps, n_jobs), -1, dtype=np.int64)
     if n_jobs == 0:
-        return BatchResult(np.empty((0, n_feat)), query.T.copy(), shown)
-    w = np.array([np.asarray(job.weights, dtype=np.float64) for job in jobs])
+        return BatchResult(
+            np.empty((0, n_feat)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0))
+        )
+    w = np.array([job.weights for job in jobs], dtype=np.float64)
     if w.shape[1:] != (n_feat,):
         raise ValueError(f"job weights must have {n_feat} entries, got shape {w.shape[1:]}")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    owned = [np.asarray(job.queries, dtype=np.int64) for job in jobs]
-    steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
-    for job, o in zip(jobs, owned, strict=True):
-        if job.n_steps > 0 and not 0 < o.size < 2**32:
-            raise ValueError(f"a job needs 1 to 2^32 - 1 queries to draw from, got {o.size}")
-    if max_steps == 0:
-        return BatchResult(w, query.T.copy(), shown)
+    owned_ptr = [0]
+    for job in jobs:
+        size = len(job.queries)
+        if job.n_steps > 0 and not 0 < size < 2**32:
+            raise ValueError(f"a job needs 1 to 2^32 - 1 queries to draw from, got {size}")
+        owned_ptr.append(owned_ptr[-1] + size)
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     data = _data(train, k)
-    clicks, n_grades = _click_tables(jobs)
-    rates = np.array([(job.lr, np.inf if job.clip is None else job.clip) for job in jobs])
-    owned_ptr = np.zeros(n_jobs + 1, dtype=np.int64)
-    np.cumsum([o.size for o in owned], out=owned_ptr[1:])
-    gptr = np.zeros((max_steps, n_jobs), dtype=np.int64)
-    uptr = np.zeros((max_steps, n_jobs), dtype=np.int64)
-    ptrs = pdgd_kernel.generator_pointers([job.rng for job in jobs])
-    gumbel, uniform = pdgd_kernel.draw(
-        ptrs, np.concatenate(owned), owned_ptr, steps, data.size_arr, k, query, gptr, uptr
+    params, tables, n_grades = _params(jobs)
+    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
+        pdgd_kernel.generator_pointers([job.rng for job in jobs]),
+        np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
+        np.array(owned_ptr, dtype=np.int64),
+        np.array([job.n_steps for job in jobs], dtype=np.int64),
+        data.size_arr,
+        k,
     )
     scores = np.empty_like(gumbel)
     features, starts, sizes = train.features, data.starts, data.sizes
-    for s in range(max_steps):
-        for j, (q, o) in enumerate(zip(query[s].tolist(), gptr[s].tolist(), strict=True)):
+    rows = list(zip(w, query.tolist(), gptr.tolist(), strict=True))
+    for s in range(query.shape[1]):
+        for wj, qj, oj in rows:
+            q = qj[s]
             if q >= 0:
-                first, n = starts[q], sizes[q]
-                _score(features[first : first + n], w[j], scores[o : o + n])
+                first, n, o = starts[q], sizes[q], oj[s]
+                _score(features[first : first + n], wj, scores[o : o + n])
         pdgd_kernel.step(
             s,
             query,
@@ -208,11 +216,11 @@ def train_linear_batch(
             data.gains,
             data.discount,
             data.ideal,
-            clicks,
-            rates,
+            tables,
             n_grades,
+            params,
             w,
             shown,
             k,
         )
-    return BatchResult(w, query.T.copy(), shown)
+    return BatchResult(w, query, shown)

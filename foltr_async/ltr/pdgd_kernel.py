@@ -111,22 +111,29 @@ def _bounded(fn32, state, high):
 
 
 @_jit
-def draw(ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr):
-    """Every job's draws in the sequential order; returns the Gumbel and uniform buffers.
+def draw(ptrs, owned, owned_ptr, steps, sizes, k):
+    """Every job's draws in the sequential order.
 
-    Job ``j`` step ``s``: its query ``query[s, j]`` (``owned[integers(len(owned))]``), then
-    ``gumbel(size=n)`` at ``gumbel[gptr[s, j]:]`` and ``random((2, min(k, n)))`` raveled at
-    ``uniform[uptr[s, j]:]``. ``query`` comes filled with -1 (steps a job does not run).
+    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
+    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
+    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
+    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
+    ``uniform[uptr[j, s]:]``.
     """
     n_jobs = steps.size
+    n_steps = 0
     g_total = 0
     u_total = 0
     for j in range(n_jobs):
         biggest = 0
         for i in range(owned_ptr[j], owned_ptr[j + 1]):
             biggest = max(biggest, sizes[owned[i]])
+        n_steps = max(n_steps, steps[j])
         g_total += steps[j] * biggest
         u_total += steps[j] * 2 * min(k, biggest)
+    query = np.full((n_jobs, n_steps), -1, dtype=np.int64)
+    gptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
+    uptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
     gumbel = np.empty(g_total)
     uniform = np.empty(u_total)
     go = 0
@@ -138,20 +145,20 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr):
         for s in range(steps[j]):
             pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
             q = owned[first + pick]
-            query[s, j] = q
+            query[j, s] = q
             n = sizes[q]
-            gptr[s, j] = go
+            gptr[j, s] = go
             for i in range(n):
                 u = 1.0 - _next_double(fn_d, state)
                 while not u < 1.0:
                     u = 1.0 - _next_double(fn_d, state)
                 gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
             go += n
-            uptr[s, j] = uo
+            uptr[j, s] = uo
             for i in range(2 * min(k, n)):
                 uniform[uo + i] = _next_double(fn_d, state)
             uo += 2 * min(k, n)
-    return gumbel, uniform
+    return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
 
 
 @_jit
@@ -201,21 +208,22 @@ def step(
     gains,
     discount,
     ideal,
-    clicks_tab,
-    jobs_f,
+    tables,
     n_grades,
+    params,
     w,
     ndcg,
     k,
 ):
-    """Interaction ``s`` of every job with ``query[s, j] >= 0``: rank, click, nDCG, update.
+    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
-    ``scores[gptr[s, j]:]`` hold the job's current scores of its query's documents.
-    ``clicks_tab[j]`` is (P(click | grade), P(stop | click, grade)); ``jobs_f[j]`` is (lr, clip
-    norm or inf); ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document.
-    Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``.
+    ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
+    ``params[j]`` is (learning rate, clip norm or inf, click model): the model's row of
+    ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades.
+    ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]``
+    in place and writes the shown nDCG@k to ``ndcg[j, s]``.
     """
-    n_jobs = query.shape[1]
+    n_jobs = query.shape[0]
     n_feat = w.shape[1]
     top_v = np.empty(k)
     top_i = np.empty(k, dtype=np.int64)
@@ -227,12 +235,12 @@ def step(
     grad = np.empty(n_feat)
     is_shown = np.zeros(0, dtype=np.bool_)
     for j in range(n_jobs):
-        q = query[s, j]
+        q = query[j, s]
         if q < 0:
             continue
         first = qptr[q]
         n = qptr[q + 1] - first
-        go = gptr[s, j]
+        go = gptr[j, s]
         m = min(k, n)
 
         # Gumbel-top-k of score + noise, best first; ties keep the lower document first and
@@ -260,8 +268,9 @@ def step(
             top_i[p] = i
 
         # Cascade clicks from the uniforms; nDCG@k of the shown list.
-        uo = uptr[s, j]
-        g_top = n_grades[j] - 1
+        uo = uptr[j, s]
+        model = np.int64(params[j, 2])
+        g_top = n_grades[model] - 1
         any_click = False
         last_click = -1
         stopped = False
@@ -271,11 +280,11 @@ def step(
             c = False
             if not stopped:
                 g = min(max(np.int64(labels[d]), 0), g_top)
-                if uniform[uo + i] < clicks_tab[j, 0, g]:
+                if uniform[uo + i] < tables[model, 0, g]:
                     c = True
                     any_click = True
                     last_click = i
-                    if uniform[uo + m + i] < clicks_tab[j, 1, g]:
+                    if uniform[uo + m + i] < tables[model, 1, g]:
                         stopped = True
             clicked[i] = c
         best = ideal[q]
@@ -342,12 +351,12 @@ def step(
                 row = features[first + top_i[i]]
                 for f in range(n_feat):
                     grad[f] += c * row[f]
-        lr = jobs_f[j, 0]
+        lr = params[j, 0]
         sq = 0.0
         for f in range(n_feat):
             w[j, f] = w[j, f] + lr * grad[f]
             sq += w[j, f] * w[j, f]
-        bound = jobs_f[j, 1]
+        bound = params[j, 1]
         norm = np.sqrt(sq)
         if norm > bound:
             scale = bound / norm
