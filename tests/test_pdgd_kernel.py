@@ -1,5 +1,7 @@
 """The compiled PDGD kernel against numpy and the reference PDGD, over many seeds and shapes."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -103,7 +105,7 @@ def reference(train, job: LinearJob, k: int):
     return ranker.get_params(), queries, shown
 
 
-@pytest.mark.parametrize("k", [1, 3, 10, 30])
+@pytest.mark.parametrize("k", [1, 3, 10, 30, 200])  # 200: nDCG sums of > 128 terms
 @pytest.mark.parametrize("n_grades", [3, 5])
 @pytest.mark.parametrize("data", ["random", "one_hot"])
 def test_kernel_equals_the_reference_pdgd(k, n_grades, data):
@@ -177,3 +179,61 @@ def test_uncachable_functions_still_compile():
     namespace: dict = {}
     exec("def twice(x):\n    return 2 * x\n", namespace)
     assert pdgd_kernel._jit(namespace["twice"])(21) == 42
+
+
+def run_small_elsewhere(**env: str) -> list[float]:
+    """``run_small`` in a fresh interpreter with extra environment variables."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import json\n"
+        "from tests.test_pdgd_kernel import run_small\n"
+        "print(json.dumps(run_small().tolist()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_the_kernel_runs_as_python_under_numba_disable_jit():
+    # NUMBA_DISABLE_JIT (debuggers, coverage) runs the same code uncompiled: same result
+    assert run_small_elsewhere(NUMBA_DISABLE_JIT="1") == run_small().tolist()
+
+
+def test_the_compiled_kernel_is_cached_and_loads_from_the_cache(tmp_path):
+    # the first process compiles into an empty cache, the second loads what it wrote
+    expected = run_small().tolist()
+    assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
+    cached = sorted(p.name for p in tmp_path.rglob("*.nbi"))
+    assert any("step" in name for name in cached) and any("draw" in name for name in cached)
+    assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
+
+
+def test_pairwise_sum_is_numpys():
+    rng = np.random.default_rng(0)
+    for n in [*range(0, 300), 511, 1000, 1024, 4099]:
+        a = rng.normal(size=n) * rng.choice([1.0, 1e-9, 1e9], n)
+        assert pdgd_kernel._pairwise_sum(a, n) == a.sum()
+
+
+def run_small() -> np.ndarray:
+    """A few jobs' weights and shown nDCG after three steps (compiled or not)."""
+    train = make_queryset(5, seed=2)
+    model = cascade("informational", 5)
+    jobs = [
+        LinearJob(
+            np.full(train.n_features, 0.3), np.arange(3, 12), 3, np.random.Generator(bg), model, 0.5
+        )
+        for bg in (np.random.PCG64(1), np.random.MT19937(2))
+    ]
+    res = train_linear_batch(train, jobs)
+    return np.concatenate((res.weights.ravel(), res.ndcg.ravel()))

@@ -29,6 +29,7 @@ import ctypes
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import config
 from numba.extending import intrinsic
 
 __all__ = ["draw", "generator_pointers", "step"]
@@ -45,8 +46,13 @@ def _jit(fn):
 _VOID_P = ir.IntType(8).as_pointer()
 
 
-def _c_call(nb_ret, ir_ret):
-    """An intrinsic calling the C function at address ``fn`` with the bit generator's state."""
+def _c_call(nb_ret, ir_ret, c_ret):
+    """An intrinsic calling the C function at address ``fn`` with the bit generator's state
+    (through ctypes when ``NUMBA_DISABLE_JIT`` runs the kernel as Python, for debugging)."""
+    if config.DISABLE_JIT:
+        c_type = ctypes.CFUNCTYPE(c_ret, ctypes.c_void_p)
+        as_numpy = np.float64 if c_ret is ctypes.c_double else np.uint32
+        return lambda fn, state: as_numpy(c_type(int(fn))(int(state)))
 
     @intrinsic
     def call(typingctx, fn, state):
@@ -60,8 +66,8 @@ def _c_call(nb_ret, ir_ret):
     return call
 
 
-_next_double = _c_call(types.float64, ir.DoubleType())
-_next_uint32 = _c_call(types.uint32, ir.IntType(32))
+_next_double = _c_call(types.float64, ir.DoubleType(), ctypes.c_double)
+_next_uint32 = _c_call(types.uint32, ir.IntType(32), ctypes.c_uint32)
 
 #: numpy's bit generators, whose C functions are the same for every instance of the class
 _BUILTIN = (
@@ -175,22 +181,62 @@ def _logaddexp(x, y):
 
 
 @_jit
-def _pairwise_sum(a, n):
-    """numpy's pairwise float64 sum of ``a[:n]`` (n <= 128: 8 accumulators, then the tail)."""
+def _block_sum(a, lo, n):
+    """numpy's sum of at most 128 contiguous float64: in order below 8, else 8 accumulators."""
     if n < 8:
         res = 0.0
-        for i in range(n):
+        for i in range(lo, lo + n):
             res += a[i]
         return res
-    r = a[:8].copy()
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
     blocks = n - n % 8
-    for i in range(8, blocks, 8):
-        for t in range(8):
-            r[t] += a[i + t]
-    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    for i in range(blocks, n):
+    for i in range(lo + 8, lo + blocks, 8):
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(lo + blocks, lo + n):
         res += a[i]
     return res
+
+
+@_jit
+def _pairwise_sum(a, n):
+    """numpy's pairwise sum of ``a[:n]`` (``np.add.reduce`` of a contiguous float64 array):
+    blocks of at most 128, halved at multiples of 8 above that. numpy recurses; this walks the
+    same tree with a stack (recursive functions do not load reliably from numba's cache)."""
+    if n <= 128:
+        return _block_sum(a, 0, n)
+    lo = np.empty(64, dtype=np.int64)  # depth ~ log2(n / 128): 64 is plenty
+    size = np.empty(64, dtype=np.int64)
+    stage = np.zeros(64, dtype=np.int64)
+    done = np.empty(64)
+    top, n_done = 0, 0
+    lo[0], size[0] = 0, n
+    while top >= 0:
+        m = size[top]
+        half = m // 2 - (m // 2) % 8
+        if m <= 128:
+            done[n_done] = _block_sum(a, lo[top], m)
+            n_done += 1
+            top -= 1
+        elif stage[top] < 2:  # visit the left half, then the right half
+            first = lo[top] + (half if stage[top] else 0)
+            count = (m - half) if stage[top] else half
+            stage[top] += 1
+            top += 1
+            lo[top], size[top], stage[top] = first, count, 0
+        else:
+            n_done -= 1
+            done[n_done - 1] = done[n_done - 1] + done[n_done]
+            top -= 1
+    return done[0]
 
 
 @_jit
