@@ -168,6 +168,10 @@ def test_degenerate_batches():
     # only the empty query: nothing shown, nDCG 0, no update
     res = train_linear_batch(train, [LinearJob(start, np.array([0]), 3, rng, model, 0.1)])
     assert res.ndcg.tolist() == [[0.0] * 3] and np.array_equal(res.weights[0], start)
+    with pytest.raises(IndexError, match="query"):
+        train_linear_batch(
+            train, [LinearJob(start, np.array([train.n_queries]), 1, rng, model, 0.1)]
+        )
     with pytest.raises(TypeError, match="cascade"):
         train_linear_batch(train, [LinearJob(start, np.array([1]), 1, rng, object(), 0.1)])
     with pytest.raises(ValueError, match="k must"):

@@ -83,7 +83,8 @@ _FUNCTIONS: dict[type, tuple[int, int]] = {}
 def generator_pointers(rngs) -> np.ndarray:
     """(jobs, 3) uint64: each generator's ``next_double``, ``next_uint32`` and state address.
 
-    The generators must outlive the kernel call that uses these addresses (jobs hold them).
+    The generators must outlive the kernel call that uses these addresses (jobs hold them),
+    and no other thread may draw from them meanwhile (numpy's per-generator lock is not taken).
     """
     out = np.empty((len(rngs), 3), dtype=np.uint64)
     for j, rng in enumerate(rngs):
@@ -103,7 +104,7 @@ def generator_pointers(rngs) -> np.ndarray:
 
 @_jit
 def _bounded(fn32, state, high):
-    """numpy's ``integers(high)`` for 1 < high <= 2^32: Lemire's rejection on ``next_uint32``."""
+    """numpy's ``integers(high)`` for 1 < high < 2^32: Lemire's rejection on ``next_uint32``."""
     rng = np.uint32(high - 1)
     rng_excl = np.uint64(rng) + np.uint64(1)
     m = np.uint64(_next_uint32(fn32, state)) * rng_excl
@@ -133,6 +134,8 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k):
     for j in range(n_jobs):
         biggest = 0
         for i in range(owned_ptr[j], owned_ptr[j + 1]):
+            if not 0 <= owned[i] < sizes.size:
+                raise IndexError("a job owns a query the training set does not have")
             biggest = max(biggest, sizes[owned[i]])
         n_steps = max(n_steps, steps[j])
         g_total += steps[j] * biggest
