@@ -241,3 +241,21 @@ def run_small() -> np.ndarray:
     ]
     res = train_linear_batch(train, jobs)
     return np.concatenate((res.weights.ravel(), res.ndcg.ravel()))
+
+
+def test_prepare_loads_what_real_data_calls():
+    from foltr_async.ltr.pdgd_batch import prepare
+
+    prepare()
+    compiled = (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures))
+    train = make_queryset(3)  # float32 features and int8 labels, as the loaders make
+    job = LinearJob(
+        np.zeros(train.n_features),
+        np.arange(4),
+        2,
+        np.random.default_rng(0),
+        cascade("perfect", 3),
+        0.1,
+    )
+    train_linear_batch(train, [job])
+    assert (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures)) == compiled
