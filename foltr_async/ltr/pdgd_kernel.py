@@ -2,9 +2,9 @@
 
 Imported only by ``pdgd_batch.train_linear_batch`` on its first call, so runs that never train
 a linear FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
-first use and cached on disk (``cache=True``: next to this file, or numba's user-wide cache
-directory when that is read-only, or ``NUMBA_CACHE_DIR``); where no cache location is writable
-they are compiled in memory each run.
+first use and cached on disk (``cache=True``: in ``NUMBA_CACHE_DIR`` when set, else next to
+this file, else, when that is read-only, numba's user-wide cache directory); where no cache
+location is writable they are compiled in memory each run.
 
 Draws without the numpy call overhead, bit for bit. Each job's numpy ``Generator`` is read
 through its bit generator's C interface (``bit_generator.ctypes``: the state address and the
