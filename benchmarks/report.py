@@ -55,6 +55,8 @@ _SHOWN = (
     ("fpdgd", "queries_per_s", "queries/s", ""),
     ("fpdgd", "s_per_round", "round", "s"),
     ("fpdgd", "paper_run_s", "200-round paper run (extrapolated)", "s"),
+    ("pdgd_kernel", "us_per_client", "FPDGD local training per client (2 queries)", "us"),
+    ("pdgd_kernel", "us_per_query_alone", "per query, one client alone (5 queries)", "us"),
     ("pdgd", "interactions_per_s", "centralised interactions/s", ""),
     ("eval", "queries_per_s", "offline nDCG@10 queries/s", ""),
     ("foltr_es", "s_per_round", "round", "s"),

@@ -5,6 +5,7 @@ centralised PDGD interactions and offline evaluation on the same data."""
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import time
 from pathlib import Path
@@ -160,6 +161,9 @@ def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) ->
         progress("fpdgd: profiling the same rounds (cProfile)")
         fpdgd["profile"] = _simulate(cfg, sz.fpdgd_window, seed, profile=True)["profile"]
 
+    kernel = _kernel_alone(data.train, sz.fpdgd_clients, seed)
+    kernel["on"] = {"jobs": sz.fpdgd_clients, "dataset": src.describe}
+
     progress(f"pdgd: {sz.pdgd_interactions} centralised interactions")
     rng = np.random.default_rng(seed)
     ranker = LinearRanker(data.train.n_features)
@@ -199,7 +203,45 @@ def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) ->
             "repeats": sz.eval_repeats,
         },
     }
-    return {"fpdgd": fpdgd, "pdgd": pdgd, "eval": ev}
+    return {"fpdgd": fpdgd, "pdgd_kernel": kernel, "pdgd": pdgd, "eval": ev}
+
+
+def _kernel_alone(train, clients: int, seed: int) -> dict:
+    """FPDGD's local training alone (``train_linear_batch``), minimum CPU time over repeats:
+    a round's batch (every client x 2 queries, each its own partition of the queries) and the
+    one-job batches of staggered arrivals (1 client x 5 queries). Compiled before timing."""
+    from foltr_async.ltr.clicks import cascade
+    from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+
+    model = cascade("informational", int(train.max_grade) + 1)
+    rng = np.random.default_rng(seed)
+    parts = np.array_split(rng.permutation(train.n_queries), min(clients, train.n_queries))
+    start = rng.normal(size=train.n_features) * 0.01
+    gens = [np.random.default_rng([seed, j]) for j in range(clients)]
+
+    def cpu_s(n_jobs: int, steps: int, repeats: int) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            jobs = [
+                LinearJob(start, parts[j % len(parts)], steps, gens[j], model, 0.1)
+                for j in range(n_jobs)
+            ]
+            t0 = time.process_time()
+            train_linear_batch(train, jobs)
+            best = min(best, time.process_time() - t0)
+        return best
+
+    cpu_s(2, 1, 1)  # numba import and cache load (or compilation) outside the timing
+    progress(f"pdgd kernel: {clients} jobs x 2 queries, and 1 job x 5 queries alone")
+    batch = cpu_s(clients, 2, 3)
+    alone = sum(cpu_s(1, 5, 1) for _ in range(200)) / 200
+    return {
+        "us_per_client": batch / clients * 1e6,
+        "us_per_query_in_round": batch / (2 * clients) * 1e6,
+        "us_per_query_alone": alone / 5 * 1e6,
+        "note": "CPU time of FPDGD's local training (train_linear_batch) alone: a round's "
+        "batch of every client x 2 queries (minimum of 3) and one job of 5 queries (mean of 200)",
+    }
 
 
 def bench_foltr_es(src: DataSource, sz: Sizes, seed: int, profile: bool = False) -> dict[str, dict]:

@@ -60,6 +60,7 @@ from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
 from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
+from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.zmqbus import (
     HUB_CONTROL,
@@ -715,6 +716,12 @@ class AgentHost:
                 agent.start()
             elif spec["state"] in ("left", "crashed"):
                 agent.state = spec["state"]
+        # Compute pools' one-off set-up (compiled kernels) before the server's rounds start:
+        # their deadlines are real time here, and round 1 would otherwise pay it.
+        for agent in self.sim.agents.values():
+            pool = getattr(agent, "pool", None)
+            if isinstance(pool, BatchPool):
+                pool.prepare()
         return self.states()
 
     def states(self, ids: Any = None) -> dict:

@@ -35,7 +35,7 @@ import numpy as np
 
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+from foltr_async.ltr.pdgd_batch import LinearJob, prepare, train_linear_batch
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
@@ -270,7 +270,7 @@ def _train_jobs(jobs: list[tuple[LocalLearner, LinearJob]]) -> list[np.ndarray]:
 
 def train_pool(ctx: RunContext) -> BatchPool:
     """The run's one pool batching FPDGD clients' local training (linear rankers)."""
-    return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs))
+    return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs, prepare=prepare))
 
 
 class FPDGDStrategy(ModelStrategy):

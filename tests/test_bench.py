@@ -19,6 +19,7 @@ def _default_logging():
 
 KEYS = {
     "fpdgd": ("queries_per_s", "s_per_round", "paper_run_s"),
+    "pdgd_kernel": ("us_per_client", "us_per_query_in_round", "us_per_query_alone"),
     "pdgd": ("interactions_per_s",),
     "eval": ("queries_per_s",),
     "foltr_es": ("s_per_round",),
@@ -69,7 +70,7 @@ def test_data_file_drives_fpdgd_and_parse(capsys, mq2008_dir):
         capsys, "--data", str(mq2008_dir / "train.txt"), "--suite", "fpdgd", "--suite", "parse"
     )
     assert rc == 0
-    assert set(res) == {"meta", "fpdgd", "pdgd", "eval", "parse", "checks"}
+    assert set(res) == {"meta", "fpdgd", "pdgd_kernel", "pdgd", "eval", "parse", "checks"}
     assert res["fpdgd"]["on"]["features"] == 46 and res["fpdgd"]["on"]["train_queries"] == 69
     assert res["eval"]["on"]["test_queries"] == 36
     assert res["parse"]["on"]["lines"] == res["fpdgd"]["on"]["train_docs"]

@@ -114,3 +114,12 @@ def test_wrong_result_count_and_bad_compute_times_are_errors():
             BatchPool(lambda jobs: jobs, compute_time=bad)
     with pytest.raises(ValueError, match="compute_time"):
         run(BatchPool(lambda jobs: jobs).submit(1, compute_time=-2.0))
+
+
+def test_prepare_runs_the_set_up_once_and_is_optional():
+    calls = []
+    pool = BatchPool(lambda jobs: jobs, prepare=lambda: calls.append(1))
+    pool.prepare()
+    pool.prepare()
+    assert calls == [1]
+    BatchPool(lambda jobs: jobs).prepare()  # nothing to set up

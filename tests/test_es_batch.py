@@ -107,3 +107,18 @@ def test_foltr_es_run_is_equal_batched_or_one_query_at_a_time(
     assert np.any(sim_a.proto.strategy.model != 0.0)
     for key in ("offline", "online", "messages"):
         assert a[key] == b[key], key
+
+
+def test_groups_cover_the_rows_in_order_within_the_cell_budget():
+    sizes = sorted(np.random.default_rng(0).integers(1, 1300, 1000).tolist())
+    groups = serve_batch.size_groups(sizes, 10)
+    assert groups[0][0] == 0 and groups[-1][1] == len(sizes)
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:], strict=False))
+    budget = serve_batch._CHUNK_CELLS
+    for lo, hi in groups:
+        assert hi - lo == 1 or (hi - lo) * max(sizes[hi - 1], 10) <= budget
+        assert hi == len(sizes) or (hi + 1 - lo) * max(sizes[hi], 10) > budget  # maximal
+    assert serve_batch.size_groups([], 10) == [] and serve_batch.size_groups([10**7] * 2, 10) == [
+        (0, 1),
+        (1, 2),
+    ]

@@ -1,27 +1,27 @@
 """PDGD for many independent linear learners at once: FPDGD's local training, batched.
 
-A FPDGD round asks every client for a few PDGD interactions. Run one query at a time
-(``protocols.fpdgd.LocalLearner.train``), each interaction is ~20 tiny numpy calls, so a
-1000-client round is dominated by call overhead. Here J *jobs* (one client's learner each: its
-own weights, queries, click model and ``numpy.random.Generator``) advance together, one
-interaction step at a time; everything after scoring is a handful of array operations over all
-jobs (the displayed lists padded to ``k`` positions, the preference pairs flattened across
-jobs).
+A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
+each: its own weights, queries, click model and ``numpy.random.Generator``) advance together,
+one interaction step at a time, and everything but scoring runs in compiled code
+(``foltr_async.ltr.pdgd_kernel``): one call draws every job's random numbers, then per step one
+call ranks, clicks, measures and updates every job. One query at a time (the reference,
+``protocols.fpdgd.LocalLearner.train``) an interaction is ~20 small numpy calls; here it is one
+product and a share of two compiled calls, whatever the batch size, so staggered arrivals
+(batches of one or two jobs) are as cheap per query as full rounds.
 
-Same draws, same result. Every random number a job uses comes from its own generator through
-exactly the calls, sizes and order of the sequential path: per interaction
-``rng.integers(len(queries))`` (``Users.next_query``), ``rng.gumbel(size=n_docs)``
-(``sample_ranking``) and ``rng.random((2, n_shown))`` (``CascadeModel.simulate``). None of these
-sizes depends on the weights, so all of a job's draws are made before any scoring, and the
-batched path shows the same rankings, sees the same clicks and ends with the same weights as the
-sequential one up to float rounding (summation order only). Ties between Gumbel-perturbed scores
-(probability zero for finite scores) may be broken differently.
+Same draws, same result. Every random number a job uses comes from its own generator in exactly
+the sequential path's order: per interaction ``rng.integers(len(queries))``
+(``Users.next_query``), ``rng.gumbel(size=n_docs)`` (``sample_ranking``) and
+``rng.random((2, n_shown))`` (``CascadeModel.simulate``). None of these sizes depends on the
+weights, so all of a job's draws are made before any scoring, and the batched path shows the
+same rankings, sees the same clicks, reports the same online nDCG and ends with the same weights
+as the sequential one up to float rounding (summation order only). Ties between
+Gumbel-perturbed scores (probability zero for finite scores) put the lower document first.
 
 Scoring is one ``features[query] @ weights`` per job on the query's contiguous document block:
-the same product as ``LinearRanker.score``, no gather and no float64 copy of the feature matrix
-(it is memory-bound and the largest cost left). Each step's jobs are grouped by query size so
-that one long query never pads many short ones in the ``(jobs, docs)`` matrices (``-inf``
-beyond a query's documents), and a group stays cache-sized.
+the same numpy product as ``LinearRanker.score``, so the scores, and with them the rankings,
+are bit-identical to the reference's. (It is memory bound: a float64 copy of the features reads
+twice the bytes and was no faster; a compiled dot product would sum in another order than BLAS.)
 
 Debiasing without the swapped rankings. With ``D(p)`` the sum of ``exp(score)`` over the
 documents not placed before position ``p`` (see ``foltr_async.ltr.pdgd``), swapping the
@@ -36,7 +36,6 @@ ulps (checked against the sequential path, scores spread up to thousands).
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,32 +43,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from foltr_async.ltr.clicks import CascadeModel
-from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
-from foltr_async.ltr.pdgd import sample_ranking
+from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import LinearRanker
+from foltr_async.ltr.rankers import _CHUNK
 
-__all__ = ["MIN_BATCH", "BatchResult", "LinearJob", "size_groups", "train_linear_batch"]
+__all__ = ["BatchResult", "LinearJob", "prepare", "train_linear_batch"]
 
 SERP_LENGTH = 10
-#: Padded (jobs x documents) cells per group of jobs: small enough to stay in cache.
-_CHUNK_CELLS = 1 << 16
-#: Fewer jobs than this run one query at a time: the vectorised step has a fixed cost of ~100
-#: numpy calls, which only pays off from ~6 jobs on (measured against the one-at-a-time loop
-#: with its closed-form gradient, 2 steps per job: 1 job 2-3x slower, 4 jobs 1.2x slower, 6 jobs
-#: even, 12 jobs 1.5x faster). Staggered network latencies make such small batches common.
-MIN_BATCH = 6
-
-_SIZES: weakref.WeakKeyDictionary[QuerySet, tuple[list[int], list[int]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-def _offsets(qs: QuerySet) -> tuple[list[int], list[int]]:
-    """(first document, document count) per query as Python ints (cached per QuerySet)."""
-    got = _SIZES.get(qs)
+@dataclass(frozen=True, eq=False)
+class _Data:
+    """What the kernel reads of a QuerySet, derived once per (QuerySet, k)."""
+
+    starts: list[int]  # first document of each query
+    sizes: list[int]  # document count of each query
+    size_arr: np.ndarray  # the same, int64
+    gains: np.ndarray  # 2^label - 1 per document, as metrics.dcg_at_k computes it
+    ideal: np.ndarray  # ideal DCG@k per query
+    discount: np.ndarray  # (k + 1, k): row m is metrics._discount(m)
+
+
+_DATA: weakref.WeakKeyDictionary[QuerySet, dict[int, _Data]] = weakref.WeakKeyDictionary()
+
+
+def _data(qs: QuerySet, k: int) -> _Data:
+    got = _DATA.setdefault(qs, {}).get(k)
     if got is None:
-        got = _SIZES[qs] = (qs.qptr[:-1].tolist(), np.diff(qs.qptr).tolist())
+        sizes = np.diff(qs.qptr).astype(np.int64)
+        discount = np.zeros((k + 1, max(k, 1)))
+        for m in range(1, k + 1):
+            discount[m, :m] = _discount(m)
+        got = _DATA[qs][k] = _Data(
+            qs.qptr[:-1].tolist(),
+            sizes.tolist(),
+            sizes,
+            _gain(qs.labels),
+            ideal_dcg(qs, k),
+            discount,
+        )
     return got
 
 
@@ -102,293 +114,46 @@ class BatchResult:
     ndcg: np.ndarray  # (jobs, steps) float64
 
 
-def _draws(
-    jobs: Sequence[LinearJob], sizes: list[int], k: int, n_steps: int
-) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """Every job's queries, Gumbel noise and click uniforms, in the sequential call order.
-
-    The same draws as the sequential calls, at less call overhead: ``gumbel(0.0, 1.0, n)`` is
-    ``gumbel(size=n)``, ``random(2 * m)`` is the raveled ``random((2, m))``, and a learner with
-    one query skips ``integers(1)``, which draws nothing.
-    """
-    query: list[list[int]] = [[-1] * len(jobs) for _ in range(n_steps)]
-    gumbel: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
-    uniform: list[list[np.ndarray]] = [[] for _ in range(n_steps)]
-    for j, job in enumerate(jobs):
-        integers, gum, rand = job.rng.integers, job.rng.gumbel, job.rng.random
-        owned = job.queries
-        n_owned = len(owned)
-        only = int(owned[0]) if n_owned == 1 else None
-        for s in range(job.n_steps):
-            q = only if only is not None else int(owned[integers(n_owned)])
-            n = sizes[q]
-            query[s][j] = q
-            gumbel[s].append(gum(0.0, 1.0, n))
-            uniform[s].append(rand(2 * min(k, n)))
-    return np.array(query, dtype=np.int64).reshape(n_steps, len(jobs)), gumbel, uniform
+_TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDictionary()
 
 
-def _click_tables(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-job P(click | grade) and P(stop | click, grade) rows (padded) and grade counts."""
-    models: dict[int, int] = {}
-    distinct: list[CascadeModel] = []
-    which = np.empty(len(jobs), dtype=np.int64)
-    for j, job in enumerate(jobs):
+def _params(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per job (lr, clip norm or inf, click model number); per model its (P(click | grade),
+    P(stop | click, grade)) rows, padded, and its grade count."""
+    number: dict[int, int] = {}
+    models: list[CascadeModel] = []
+    rows = []
+    for job in jobs:
         m = job.click_model
-        if not isinstance(m, CascadeModel):
-            raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
-        i = models.get(id(m))
+        i = number.get(id(m))
         if i is None:
-            i = models[id(m)] = len(distinct)
-            distinct.append(m)
-        which[j] = i
-    width = max(len(m.p_click) for m in distinct)
-    pc = np.zeros((len(distinct), width))
-    ps = np.zeros((len(distinct), width))
-    for i, m in enumerate(distinct):
-        pc[i, : len(m.p_click)] = m.p_click
-        ps[i, : len(m.p_stop)] = m.p_stop
-    n_grades = np.array([len(m.p_click) for m in distinct], dtype=np.int64)
-    return pc[which], ps[which], n_grades[which]
-
-
-def _log_sum_exp_rows(a: np.ndarray) -> np.ndarray:
-    """Row-wise log(sum(exp(a))) with -inf for rows that are all -inf."""
-    mx = a.max(axis=1)
-    safe = np.where(np.isfinite(mx), mx, 0.0)
-    with np.errstate(divide="ignore"):
-        return np.log(np.exp(a - safe[:, None]).sum(axis=1)) + safe
-
-
-def _log_tail_sums(cols: np.ndarray, log_rest: np.ndarray) -> np.ndarray:
-    """log D(p) = log(sum of exp over positions >= p, plus exp(log_rest)), per column.
-
-    ``cols`` is (positions, lists). The same reversed log-add-exp accumulation as
-    ``np.logaddexp.accumulate(x[::-1])[::-1]``, one vectorised call per position (the ufunc's
-    own accumulate runs one short row at a time, ~30x slower here).
-    """
-    acc = np.empty_like(cols)
-    acc[-1] = cols[-1]
-    for p in range(cols.shape[0] - 2, -1, -1):
-        np.logaddexp(acc[p + 1], cols[p], out=acc[p])
-    return np.logaddexp(acc, log_rest, out=acc)
-
-
-def _step(
-    train: QuerySet,
-    w: np.ndarray,
-    q: np.ndarray,
-    gumbel: list[np.ndarray],
-    uniform: list[np.ndarray],
-    pc: np.ndarray,
-    ps: np.ndarray,
-    n_grades: np.ndarray,
-    lr: np.ndarray,
-    clip: np.ndarray,
-    k: int,
-    starts: list[int],
-    sizes: list[int],
-    ideal: np.ndarray,
-) -> np.ndarray:
-    """One interaction for each row of ``w`` (updated in place); returns the shown nDCG@k."""
-    a_n = w.shape[0]
-    q_list = q.tolist()
-    first_l = [starts[x] for x in q_list]
-    n_l = [sizes[x] for x in q_list]
-    first = np.array(first_l, dtype=np.int64)
-    n = np.array(n_l, dtype=np.int64)
-    width = max(max(n_l), 1)
-    features = train.features
-
-    # Scores: the same product per query as LinearRanker.score, padded with -inf.
-    flat = np.concatenate(
-        [features[x : x + size] @ wi for x, size, wi in zip(first_l, n_l, w, strict=True)]
-    )
-    docs = np.arange(width)
-    real = docs < n[:, None]
-    scores = np.full((a_n, width), -np.inf)
-    scores[real] = flat
-    z = np.full((a_n, width), -np.inf)
-    z[real] = flat + np.concatenate(gumbel)
-
-    # Plackett-Luce top-k (Gumbel-top-k) of every row; padding (-inf) sorts last.
-    kk = min(k, width)
-    if kk < width:
-        top = np.argpartition(-z, kk - 1, axis=1)[:, :kk]
+            if not isinstance(m, CascadeModel):
+                raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
+            i = number[id(m)] = len(models)
+            models.append(m)
+        rows.append((job.lr, np.inf if job.clip is None else job.clip, i))
+    if len(models) == 1 and models[0] in _TABLES:
+        tables = _TABLES[models[0]]
     else:
-        top = np.broadcast_to(docs, (a_n, width))
-    order = np.argsort(-np.take_along_axis(z, top, axis=1), axis=1, kind="stable")
-    ranking = np.take_along_axis(top, order, axis=1)  # (jobs, kk) document offsets
-    pos = np.arange(kk)
-    valid = pos < np.minimum(n, kk)[:, None]
-    doc = first[:, None] + np.where(valid, ranking, 0)
-    labels = np.where(valid, train.labels[doc], 0).astype(np.int64)
-
-    # Cascade clicks from each job's own uniforms.
-    u = np.zeros((a_n, 2, kk))
-    u[np.broadcast_to(valid[:, None, :], u.shape)] = np.concatenate(uniform, axis=None)
-    g = np.clip(labels, 0, n_grades[:, None] - 1)
-    rows = np.arange(a_n)[:, None]
-    clicks = valid & (u[:, 0] < pc[rows, g])
-    stops = clicks & (u[:, 1] < ps[rows, g])
-    stopped = stops.any(axis=1)
-    clicks &= ~(stopped[:, None] & (pos > np.argmax(stops, axis=1)[:, None]))
-
-    # Online metric: nDCG@k of what was shown (0 when the query has no relevant document).
-    discount = 1.0 / np.log2(np.arange(2, kk + 2, dtype=np.float64))
-    dcg = ((np.exp2(labels.astype(np.float64)) - 1.0) * discount).sum(axis=1)
-    best = ideal[q]
-    shown_ndcg = np.divide(dcg, best, out=np.zeros(a_n), where=best > 0)
-
-    # Preference pairs: each click over every unclicked position up to one below the last
-    # click, listed job by job, then by clicked and unclicked position (the sequential order).
-    clicked_any = clicks.any(axis=1)
-    last = kk - 1 - np.argmax(clicks[:, ::-1], axis=1)
-    other = valid & ~clicks & (pos <= last[:, None] + 1)
-    pj, pa, pb = np.nonzero(clicks[:, :, None] & other[:, None, :])
-    if pj.size:
-        # rho per pair by the module doc's closed form: only lists with pairs need log D(p),
-        # and only positions lo < p <= hi of a pair contribute.
-        has = np.flatnonzero(clicked_any)
-        inv = np.zeros(a_n, dtype=np.int64)
-        inv[has] = np.arange(has.size)
-        pl = inv[pj]  # pair -> its list among ``has``
-        shown = np.where(
-            valid[has], np.take_along_axis(scores[has], ranking[has], axis=1), -np.inf
-        ).T  # (positions, lists)
-        rest = scores[has]
-        np.put_along_axis(rest, ranking[has], -np.inf, axis=1)  # invalid slots hit padding
-        log_d = _log_tail_sums(np.ascontiguousarray(shown), _log_sum_exp_rows(rest))
-        sa, sb = shown[pa, pl], shown[pb, pl]
-        lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
-        span = hi - lo
-        term_pair = np.repeat(np.arange(pj.size), span)
-        p = np.arange(term_pair.size) - np.repeat(np.cumsum(span) - span, span) + lo[term_pair] + 1
-        log_dp = log_d[p, pl[term_pair]]
-        s_lo, s_hi = shown[lo, pl], shown[hi, pl]
-        # Extreme spreads give terms of +-inf (exp overflow, or log1p(-1) once exp(s_lo - L)
-        # underflows): rho is then exactly 0 or 1, as its exact value rounds to.
-        with np.errstate(over="ignore", divide="ignore"):
-            d_ratio = np.exp(s_lo[term_pair] - log_dp) - np.exp(s_hi[term_pair] - log_dp)
-            terms = -np.log1p(d_ratio)
-        log_ratio = np.bincount(term_pair, weights=terms, minlength=pj.size)
-        rho = 0.5 * (1.0 + np.tanh(0.5 * log_ratio))
-        e = np.exp(-np.abs(sa - sb))
-        pw = e / (1.0 + e) ** 2 * rho
-        coef = np.bincount(
-            np.concatenate((pj * kk + pa, pj * kk + pb)),
-            weights=np.concatenate((pw, -pw)),
-            minlength=a_n * kk,
-        ).reshape(a_n, kk)
-        up = np.flatnonzero(coef.any(axis=1))
-        # Linear gradient: coefficient-weighted sum of the shown documents' features.
-        shown_x = features.take(doc[up].ravel(), axis=0).reshape(up.size, kk, features.shape[1])
-        grad = np.einsum("uk,ukf->uf", coef[up], shown_x)
-        w[up] += lr[up, None] * grad
-
-    # DP: clip after every update (a step with clicks), exactly when the sequential path does.
-    bounded = np.flatnonzero(clicked_any & np.isfinite(clip))
-    if bounded.size:
-        norm = np.sqrt(np.einsum("ij,ij->i", w[bounded], w[bounded]))
-        over = norm > clip[bounded]
-        sel = bounded[over]
-        w[sel] *= (clip[sel] / norm[over])[:, None]
-    return shown_ndcg
+        width = max(len(m.p_click) for m in models)
+        tables = np.zeros((len(models), 2, width))
+        for i, m in enumerate(models):
+            tables[i, 0, : len(m.p_click)] = m.p_click
+            tables[i, 1, : len(m.p_stop)] = m.p_stop
+        if len(models) == 1:
+            _TABLES[models[0]] = tables
+    n_grades = np.array([len(m.p_click) for m in models], dtype=np.int64)
+    return np.array(rows, dtype=np.float64), tables, n_grades
 
 
-@functools.lru_cache(maxsize=1 << 12)
-def _pair_layout(pattern: bytes) -> tuple[np.ndarray, ...]:
-    """What a click pattern (one list's clicks as bytes) fixes, shared by every list with it:
-    the pairs' positions ``pa`` (clicked) and ``pb``, per position between a pair (``lo < p <=
-    hi``) its pair and ``lo``, ``hi``, ``p``, and ``pa`` then ``pb`` (where the pair weights go)."""
-    clicks = np.frombuffer(pattern, dtype=bool)
-    pos = np.arange(clicks.size)
-    other = ~clicks & (pos <= np.flatnonzero(clicks)[-1] + 1)
-    pa, pb = np.nonzero(clicks[:, None] & other[None, :])
-    lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
-    pair, p = np.nonzero((pos > lo[:, None]) & (pos <= hi[:, None]))
-    out = (pa, pb, pair, lo[pair], hi[pair], p, np.concatenate((pa, pb)))
-    for arr in out:
-        arr.setflags(write=False)
-    return out
-
-
-def _gradient_one(
-    features: np.ndarray, scores: np.ndarray, ranking: np.ndarray, clicks: np.ndarray
-) -> np.ndarray:
-    """The PDGD ascent direction of one shown list with clicks, by the module doc's closed form
-    (what ``_step`` computes for many lists): a dozen small numpy calls instead of the
-    reference's swapped ranking per pair (``pdgd.debias_weights``)."""
-    kk = ranking.size
-    pa, pb, pair, lo, hi, p, ends = _pair_layout(clicks.tobytes())
-    shown = scores[ranking]
-    rest = np.ones(scores.size, dtype=bool)
-    rest[ranking] = False
-    log_rest = np.logaddexp.reduce(scores[rest]) if scores.size > kk else -np.inf
-    log_d = np.logaddexp(np.logaddexp.accumulate(shown[::-1])[::-1], log_rest)
-    with np.errstate(over="ignore", divide="ignore"):  # rho exactly 0 or 1 (see ``_step``)
-        d_ratio = np.exp(shown[lo] - log_d[p]) - np.exp(shown[hi] - log_d[p])
-        terms = -np.log1p(d_ratio)
-    rho = 0.5 * (1.0 + np.tanh(0.5 * np.bincount(pair, weights=terms, minlength=pa.size)))
-    e = np.exp(-np.abs(shown[pa] - shown[pb]))
-    pw = e / (1.0 + e) ** 2 * rho
-    coef = np.bincount(ends, weights=np.concatenate((pw, -pw)), minlength=kk)
-    return coef @ features[ranking].astype(np.float64)
-
-
-def _one_at_a_time(train: QuerySet, jobs: Sequence[LinearJob], k: int) -> BatchResult:
-    """The sequential PDGD loop (as ``LocalLearner.train``, same draws) for batches too small to
-    vectorise, with the closed-form gradient of ``_gradient_one``."""
-    steps = max((job.n_steps for job in jobs), default=0)
-    weights = np.empty((len(jobs), train.n_features))
-    queries = np.full((len(jobs), steps), -1, dtype=np.int64)
-    shown = np.full((len(jobs), steps), np.nan)
-    ideal = ideal_dcg(train, k)
-    ranker = LinearRanker(train.n_features)
-    for j, job in enumerate(jobs):
-        theta = np.array(job.weights, dtype=np.float64)
-        rng = job.rng
-        for s in range(job.n_steps):
-            q = int(job.queries[rng.integers(len(job.queries))])
-            docs = train.doc_range(q)
-            features = train.features[docs]
-            ranker.set_params(theta)
-            scores = ranker.score(features)
-            ranking = sample_ranking(scores, k, rng)
-            labels = train.labels[docs][ranking]
-            clicks = job.click_model.simulate(labels, rng)
-            queries[j, s] = q
-            shown[j, s] = float(dcg_at_k(labels, k)) / ideal[q] if ideal[q] > 0 else 0.0
-            if clicks.any():
-                theta = theta + job.lr * _gradient_one(features, scores, ranking, clicks)
-                if job.clip is not None:
-                    norm = float(np.linalg.norm(theta))
-                    if norm > job.clip:
-                        theta *= job.clip / norm
-        weights[j] = theta
-    return BatchResult(weights, queries, shown)
-
-
-def size_groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
-    """Runs of jobs (sorted by document count) whose padded (jobs x docs) block fits the budget.
-
-    Sorting first keeps one long query from padding many short ones (real query sizes are
-    long-tailed), and blocks of ~``_CHUNK_CELLS`` cells stay in cache.
-    """
-    out = []
-    start, n = 0, len(n_sorted)
-    while start < n:
-        # the largest end whose block fits (cells grow with end): bisect, at least one job
-        lo, hi = start + 1, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if (mid - start) * max(n_sorted[mid - 1], k) <= _CHUNK_CELLS:
-                lo = mid
-            else:
-                hi = mid - 1
-        out.append((start, lo))
-        start = lo
-    return out
+def _score(features: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """``LinearRanker.score`` of one query's documents into ``out`` (the same row chunks)."""
+    n = features.shape[0]
+    if n <= _CHUNK:
+        np.matmul(features, w, out=out)
+    else:
+        for i in range(0, n, _CHUNK):
+            np.matmul(features[i : i + _CHUNK], w, out=out[i : i + _CHUNK])
 
 
 def train_linear_batch(
@@ -397,50 +162,84 @@ def train_linear_batch(
     """Run every job's interactions: the batched ``LocalLearner.train`` of many learners.
 
     Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
-    of one never depends on the others in the batch (nor on how they are grouped).
+    of one never depends on the others in the batch.
     """
     n_jobs = len(jobs)
     n_feat = train.n_features
-    max_steps = max((job.n_steps for job in jobs), default=0)
-    shown = np.full((n_jobs, max_steps), np.nan)
     if n_jobs == 0:
-        return BatchResult(np.empty((0, n_feat)), np.zeros((0, 0), dtype=np.int64), shown)
-    w = np.array([np.asarray(job.weights, dtype=np.float64) for job in jobs])
+        return BatchResult(
+            np.empty((0, n_feat)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0))
+        )
+    w = np.array([job.weights for job in jobs], dtype=np.float64)
     if w.shape[1:] != (n_feat,):
         raise ValueError(f"job weights must have {n_feat} entries, got shape {w.shape[1:]}")
-    if n_jobs < MIN_BATCH:
-        return _one_at_a_time(train, jobs, k)
-    starts, sizes = _offsets(train)
-    ideal = ideal_dcg(train, k)
-    steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
-    lr = np.array([job.lr for job in jobs], dtype=np.float64)
-    clip = np.array([np.inf if job.clip is None else job.clip for job in jobs])
-    pc, ps, n_grades = _click_tables(jobs)
-    query, gumbel, uniform = _draws(jobs, sizes, k, max_steps)
-    for s in range(max_steps):
-        act = np.flatnonzero(steps > s)  # gumbel[s] and uniform[s] list these jobs in order
-        q = query[s, act]
-        by_size = np.argsort(np.array([sizes[x] for x in q.tolist()]), kind="stable")
-        n_sorted = [sizes[x] for x in q[by_size].tolist()]
-        for lo, hi in size_groups(n_sorted, k):
-            pick = by_size[lo:hi]  # positions within ``act``
-            rows = act[pick]
-            sub = w[rows]
-            shown[rows, s] = _step(
-                train,
-                sub,
-                q[pick],
-                [gumbel[s][i] for i in pick.tolist()],
-                [uniform[s][i] for i in pick.tolist()],
-                pc[rows],
-                ps[rows],
-                n_grades[rows],
-                lr[rows],
-                clip[rows],
-                k,
-                starts,
-                sizes,
-                ideal,
-            )
-            w[rows] = sub
-    return BatchResult(w, query.T.copy(), shown)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    owned_ptr = [0]
+    for job in jobs:
+        size = len(job.queries)
+        if job.n_steps > 0 and not 0 < size < 2**32:
+            raise ValueError(f"a job needs 1 to 2^32 - 1 queries to draw from, got {size}")
+        owned_ptr.append(owned_ptr[-1] + size)
+    from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
+
+    data = _data(train, k)
+    params, tables, n_grades = _params(jobs)
+    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
+        pdgd_kernel.generator_pointers([job.rng for job in jobs]),
+        np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
+        np.array(owned_ptr, dtype=np.int64),
+        np.array([job.n_steps for job in jobs], dtype=np.int64),
+        data.size_arr,
+        k,
+    )
+    scores = np.empty_like(gumbel)
+    features, starts, sizes = train.features, data.starts, data.sizes
+    rows = list(zip(w, query.tolist(), gptr.tolist(), strict=True))
+    for s in range(query.shape[1]):
+        for wj, qj, oj in rows:
+            q = qj[s]
+            if q >= 0:
+                first, n, o = starts[q], sizes[q], oj[s]
+                _score(features[first : first + n], wj, scores[o : o + n])
+        pdgd_kernel.step(
+            s,
+            query,
+            gptr,
+            uptr,
+            scores,
+            gumbel,
+            uniform,
+            train.qptr,
+            train.labels,
+            features,
+            data.gains,
+            data.discount,
+            data.ideal,
+            tables,
+            n_grades,
+            params,
+            w,
+            shown,
+            k,
+        )
+    return BatchResult(w, query, shown)
+
+
+def prepare() -> None:
+    """Import and load (or compile) the compiled kernel now instead of on the first training.
+
+    For real-time runs (ZeroMQ workers), whose first round has a wall-clock deadline: numba's
+    import and cache load take ~0.5 CPU s. Uses a float32 / int8 set like the loaders make, so
+    the functions loaded are the ones real data calls.
+    """
+    qptr = np.array([0, 3], dtype=np.int64)
+    tiny = QuerySet(
+        np.zeros((3, 2), dtype=np.float32),
+        np.array([0, 1, 2], dtype=np.int8),
+        qptr,
+        np.array(["q"]),
+    )
+    model = CascadeModel("prepare", np.array([0.5, 0.9]), np.array([0.1, 0.5]))
+    job = LinearJob(np.zeros(2), np.array([0]), 1, np.random.default_rng(0), model, 0.1)
+    train_linear_batch(tiny, [job, job])

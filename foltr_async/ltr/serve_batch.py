@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
-from foltr_async.ltr.pdgd_batch import size_groups
 from foltr_async.ltr.queryset import QuerySet
 
-__all__ = ["Served", "serve_linear"]
+__all__ = ["Served", "serve_linear", "size_groups"]
+
+#: Padded (rows x documents) cells per group of rows: small enough to stay in cache.
+_CHUNK_CELLS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,28 @@ class Served:
     ndcg: np.ndarray  # (rows,) float64
     maxrr: np.ndarray  # (rows,) 1 / rank of the first click, 0 without clicks
     click_dcg: np.ndarray  # (rows,) DCG@k of the clicks as 0/1 gains
+
+
+def size_groups(n_sorted: list[int], k: int) -> list[tuple[int, int]]:
+    """Runs of rows (sorted by document count) whose padded (rows x docs) block fits the budget.
+
+    Sorting first keeps one long query from padding many short ones (real query sizes are
+    long-tailed), and blocks of ~``_CHUNK_CELLS`` cells stay in cache.
+    """
+    out = []
+    start, n = 0, len(n_sorted)
+    while start < n:
+        # the largest end whose block fits (cells grow with end): bisect, at least one job
+        lo, hi = start + 1, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (mid - start) * max(n_sorted[mid - 1], k) <= _CHUNK_CELLS:
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append((start, lo))
+        start = lo
+    return out
 
 
 def _dcg_per_length(gains: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -40,11 +40,15 @@ class BatchPool(Generic[J, R]):
     """Batches jobs submitted by many agents; ``batch_fn(jobs) -> results`` (same length)."""
 
     def __init__(
-        self, batch_fn: Callable[[list[J]], Sequence[R]], compute_time: float = 0.0
+        self,
+        batch_fn: Callable[[list[J]], Sequence[R]],
+        compute_time: float = 0.0,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         if not (compute_time >= 0.0 and math.isfinite(compute_time)):
             raise ValueError(f"compute_time must be a finite number >= 0, got {compute_time}")
         self.batch_fn = batch_fn
+        self._prepare = prepare
         self.compute_time = float(compute_time)
         self._pending: list[tuple[float, J, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -54,6 +58,13 @@ class BatchPool(Generic[J, R]):
         self.jobs = 0
         self.discarded = 0
         self.largest = 0
+
+    def prepare(self) -> None:
+        """Do ``batch_fn``'s one-off set-up now (e.g. loading compiled code), so that a run
+        whose rounds have real-time deadlines does not pay it inside its first round."""
+        if self._prepare is not None:
+            self._prepare()
+            self._prepare = None
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,413 @@
+"""Compiled (numba) pieces of batched PDGD: the draws, and one interaction step of many jobs.
+
+Imported only by ``pdgd_batch.train_linear_batch`` on its first call, so runs that never train
+a linear FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
+first use and cached on disk (``cache=True``: in ``NUMBA_CACHE_DIR`` when set, else next to
+this file, else, when that is read-only, numba's user-wide cache directory); where no cache
+location is writable they are compiled in memory each run.
+
+Draws without the numpy call overhead, bit for bit. Each job's numpy ``Generator`` is read
+through its bit generator's C interface (``bit_generator.ctypes``: the state address and the
+``next_double`` / ``next_uint32`` functions), and the kernel draws exactly what numpy's
+``Generator`` methods would: ``integers(n)`` is Lemire's bounded ``uint32`` draw numpy uses for
+ranges below 2^32 (nothing drawn for ``n == 1``), ``random`` is ``next_double``, and ``gumbel``
+is numpy's ``loc - scale * log(-log(1 - next_double))`` retried on ``1 - u == 1`` (both sides
+call the C library's ``log``). Numba's own ``Generator`` support would do the same but costs
+~8 us per call to unbox the generator; tests compare the streams with numpy's over many seeds.
+
+The step: Gumbel-top-k ranking of ``score + noise`` (ties: lower document first, which is what
+the reference's stable sort does when the query has at most ``k`` documents; longer queries tie
+with probability zero), cascade clicks, the shown nDCG@k summed in numpy's pairwise order (the
+same float as ``metrics.dcg_at_k``), then the pairs, the closed-form debiasing of the
+``pdgd_batch`` module doc, the linear gradient, the step and the DP clipping.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import config
+from numba.extending import intrinsic
+
+__all__ = ["draw", "generator_pointers", "step"]
+
+
+def _jit(fn):
+    """``njit(cache=True)``, or without the disk cache where numba finds no writable place."""
+    try:
+        return njit(cache=True, error_model="numpy")(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return njit(error_model="numpy")(fn)
+
+
+_VOID_P = ir.IntType(8).as_pointer()
+
+
+def _c_call(nb_ret, ir_ret, c_ret):
+    """An intrinsic calling the C function at address ``fn`` with the bit generator's state
+    (through ctypes when ``NUMBA_DISABLE_JIT`` runs the kernel as Python, for debugging)."""
+    if config.DISABLE_JIT:
+        c_type = ctypes.CFUNCTYPE(c_ret, ctypes.c_void_p)
+        as_numpy = np.float64 if c_ret is ctypes.c_double else np.uint32
+        return lambda fn, state: as_numpy(c_type(int(fn))(int(state)))
+
+    @intrinsic
+    def call(typingctx, fn, state):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir_ret, [_VOID_P])
+            f = builder.inttoptr(args[0], fnty.as_pointer())
+            return builder.call(f, [builder.inttoptr(args[1], _VOID_P)])
+
+        return nb_ret(types.uint64, types.uint64), codegen
+
+    return call
+
+
+_next_double = _c_call(types.float64, ir.DoubleType(), ctypes.c_double)
+_next_uint32 = _c_call(types.uint32, ir.IntType(32), ctypes.c_uint32)
+
+#: numpy's bit generators, whose C functions are the same for every instance of the class
+_BUILTIN = (
+    np.random.PCG64,
+    np.random.PCG64DXSM,
+    np.random.MT19937,
+    np.random.Philox,
+    np.random.SFC64,
+)
+_FUNCTIONS: dict[type, tuple[int, int]] = {}
+
+
+def generator_pointers(rngs) -> np.ndarray:
+    """(jobs, 3) uint64: each generator's ``next_double``, ``next_uint32`` and state address.
+
+    The generators must outlive the kernel call that uses these addresses (jobs hold them),
+    and no other thread may draw from them meanwhile (numpy's per-generator lock is not taken).
+    """
+    out = np.empty((len(rngs), 3), dtype=np.uint64)
+    for j, rng in enumerate(rngs):
+        bg = rng.bit_generator
+        c = bg.ctypes  # built once per generator by numpy, then cached on it
+        fns = _FUNCTIONS.get(type(bg))
+        if fns is None:
+            fns = (
+                ctypes.cast(c.next_double, ctypes.c_void_p).value,
+                ctypes.cast(c.next_uint32, ctypes.c_void_p).value,
+            )
+            if type(bg) in _BUILTIN:
+                _FUNCTIONS[type(bg)] = fns
+        out[j, 0], out[j, 1], out[j, 2] = fns[0], fns[1], c.state_address
+    return out
+
+
+@_jit
+def _bounded(fn32, state, high):
+    """numpy's ``integers(high)`` for 1 < high < 2^32: Lemire's rejection on ``next_uint32``."""
+    rng = np.uint32(high - 1)
+    rng_excl = np.uint64(rng) + np.uint64(1)
+    m = np.uint64(_next_uint32(fn32, state)) * rng_excl
+    leftover = m & np.uint64(0xFFFFFFFF)
+    if leftover < rng_excl:
+        threshold = np.uint64((np.uint32(0xFFFFFFFF) - rng) % np.uint32(rng_excl))
+        while leftover < threshold:
+            m = np.uint64(_next_uint32(fn32, state)) * rng_excl
+            leftover = m & np.uint64(0xFFFFFFFF)
+    return np.int64(m >> np.uint64(32))
+
+
+@_jit
+def draw(ptrs, owned, owned_ptr, steps, sizes, k):
+    """Every job's draws in the sequential order.
+
+    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
+    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
+    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
+    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
+    ``uniform[uptr[j, s]:]``.
+    """
+    n_jobs = steps.size
+    n_steps = 0
+    g_total = 0
+    u_total = 0
+    for j in range(n_jobs):
+        biggest = 0
+        for i in range(owned_ptr[j], owned_ptr[j + 1]):
+            if not 0 <= owned[i] < sizes.size:
+                raise IndexError("a job owns a query the training set does not have")
+            biggest = max(biggest, sizes[owned[i]])
+        n_steps = max(n_steps, steps[j])
+        g_total += steps[j] * biggest
+        u_total += steps[j] * 2 * min(k, biggest)
+    query = np.full((n_jobs, n_steps), -1, dtype=np.int64)
+    gptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
+    uptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
+    gumbel = np.empty(g_total)
+    uniform = np.empty(u_total)
+    go = 0
+    uo = 0
+    for j in range(n_jobs):
+        fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
+        first = owned_ptr[j]
+        n_owned = owned_ptr[j + 1] - first
+        for s in range(steps[j]):
+            pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
+            q = owned[first + pick]
+            query[j, s] = q
+            n = sizes[q]
+            gptr[j, s] = go
+            for i in range(n):
+                u = 1.0 - _next_double(fn_d, state)
+                while not u < 1.0:
+                    u = 1.0 - _next_double(fn_d, state)
+                gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
+            go += n
+            uptr[j, s] = uo
+            for i in range(2 * min(k, n)):
+                uniform[uo + i] = _next_double(fn_d, state)
+            uo += 2 * min(k, n)
+    return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
+
+
+@_jit
+def _logaddexp(x, y):
+    """numpy's ``npy_logaddexp``."""
+    if x == y:
+        return x + np.log(2.0)
+    tmp = x - y
+    if tmp > 0:
+        return x + np.log1p(np.exp(-tmp))
+    if tmp <= 0:
+        return y + np.log1p(np.exp(tmp))
+    return tmp
+
+
+@_jit
+def _block_sum(a, lo, n):
+    """numpy's sum of at most 128 contiguous float64: in order below 8, else 8 accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    blocks = n - n % 8
+    for i in range(lo + 8, lo + blocks, 8):
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(lo + blocks, lo + n):
+        res += a[i]
+    return res
+
+
+@_jit
+def _pairwise_sum(a, n):
+    """numpy's pairwise sum of ``a[:n]`` (``np.add.reduce`` of a contiguous float64 array):
+    blocks of at most 128, halved at multiples of 8 above that. numpy recurses; this walks the
+    same tree with a stack (recursive functions do not load reliably from numba's cache)."""
+    if n <= 128:
+        return _block_sum(a, 0, n)
+    lo = np.empty(64, dtype=np.int64)  # depth ~ log2(n / 128): 64 is plenty
+    size = np.empty(64, dtype=np.int64)
+    stage = np.zeros(64, dtype=np.int64)
+    done = np.empty(64)
+    top, n_done = 0, 0
+    lo[0], size[0] = 0, n
+    while top >= 0:
+        m = size[top]
+        half = m // 2 - (m // 2) % 8
+        if m <= 128:
+            done[n_done] = _block_sum(a, lo[top], m)
+            n_done += 1
+            top -= 1
+        elif stage[top] < 2:  # visit the left half, then the right half
+            first = lo[top] + (half if stage[top] else 0)
+            count = (m - half) if stage[top] else half
+            stage[top] += 1
+            top += 1
+            lo[top], size[top], stage[top] = first, count, 0
+        else:
+            n_done -= 1
+            done[n_done - 1] = done[n_done - 1] + done[n_done]
+            top -= 1
+    return done[0]
+
+
+@_jit
+def step(
+    s,
+    query,
+    gptr,
+    uptr,
+    scores,
+    gumbel,
+    uniform,
+    qptr,
+    labels,
+    features,
+    gains,
+    discount,
+    ideal,
+    tables,
+    n_grades,
+    params,
+    w,
+    ndcg,
+    k,
+):
+    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
+
+    ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
+    ``params[j]`` is (learning rate, clip norm or inf, click model): the model's row of
+    ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades.
+    ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]``
+    in place and writes the shown nDCG@k to ``ndcg[j, s]``.
+    """
+    n_jobs = query.shape[0]
+    n_feat = w.shape[1]
+    top_v = np.empty(k)
+    top_i = np.empty(k, dtype=np.int64)
+    clicked = np.zeros(k, dtype=np.bool_)
+    shown = np.empty(k)
+    log_d = np.empty(k)
+    coef = np.empty(k)
+    ratio = np.empty((k, k))
+    grad = np.empty(n_feat)
+    is_shown = np.zeros(0, dtype=np.bool_)
+    for j in range(n_jobs):
+        q = query[j, s]
+        if q < 0:
+            continue
+        first = qptr[q]
+        n = qptr[q + 1] - first
+        go = gptr[j, s]
+        m = min(k, n)
+
+        # Gumbel-top-k of score + noise, best first; ties keep the lower document first and
+        # NaN sorts last (as numpy's stable argsort of -z).
+        cnt = 0
+        for i in range(n):
+            v = scores[go + i] + gumbel[go + i]
+            if cnt == m:
+                last = top_v[m - 1]
+                if not (v > last or (last != last and v == v)):
+                    continue
+                p = m - 1
+            else:
+                p = cnt
+                cnt += 1
+            while p > 0:
+                prev = top_v[p - 1]
+                if v > prev or (prev != prev and v == v):
+                    top_v[p] = prev
+                    top_i[p] = top_i[p - 1]
+                    p -= 1
+                else:
+                    break
+            top_v[p] = v
+            top_i[p] = i
+
+        # Cascade clicks from the uniforms; nDCG@k of the shown list.
+        uo = uptr[j, s]
+        model = np.int64(params[j, 2])
+        g_top = n_grades[model] - 1
+        any_click = False
+        last_click = -1
+        stopped = False
+        for i in range(m):
+            d = first + top_i[i]
+            shown[i] = gains[d] * discount[m, i]  # reused below for the scores
+            c = False
+            if not stopped:
+                g = min(max(np.int64(labels[d]), 0), g_top)
+                if uniform[uo + i] < tables[model, 0, g]:
+                    c = True
+                    any_click = True
+                    last_click = i
+                    if uniform[uo + m + i] < tables[model, 1, g]:
+                        stopped = True
+            clicked[i] = c
+        best = ideal[q]
+        ndcg[j, s] = _pairwise_sum(shown, m) / best if best > 0 else 0.0
+        if not any_click:
+            continue
+
+        # log D(p): the shown documents at positions >= p plus every document not shown.
+        for i in range(m):
+            shown[i] = scores[go + top_i[i]]
+        log_rest = -np.inf
+        if n > m:
+            if is_shown.size < n:
+                is_shown = np.zeros(n, dtype=np.bool_)
+            for i in range(m):
+                is_shown[top_i[i]] = True
+            top = -np.inf
+            for i in range(n):
+                if not is_shown[i]:
+                    top = max(top, scores[go + i])
+            total = 0.0
+            for i in range(n):
+                if not is_shown[i]:
+                    total += np.exp(scores[go + i] - top)
+            log_rest = top + np.log(total)
+            for i in range(m):
+                is_shown[top_i[i]] = False
+        acc = shown[m - 1]
+        log_d[m - 1] = _logaddexp(acc, log_rest)
+        for p in range(m - 2, -1, -1):
+            acc = _logaddexp(acc, shown[p])
+            log_d[p] = _logaddexp(acc, log_rest)
+
+        # Pairs: each click over every unclicked position up to one below the last click;
+        # rho = 1 / (1 + prod_{lo < p <= hi} (1 + ratio[lo, p] - ratio[hi, p])) (module doc of
+        # pdgd_batch: the product is P(shown) / P(swapped)).
+        upto = min(last_click + 2, m)
+        for i in range(upto):
+            for p in range(1, upto):
+                ratio[i, p] = np.exp(shown[i] - log_d[p])
+        coef[:m] = 0.0
+        for a in range(upto):
+            if not clicked[a]:
+                continue
+            for b in range(upto):
+                if clicked[b]:
+                    continue
+                lo, hi = min(a, b), max(a, b)
+                odds = 1.0
+                for p in range(lo + 1, hi + 1):
+                    # below 0 only by rounding, when shown[hi] dominates D(p)
+                    odds *= max(1.0 + (ratio[lo, p] - ratio[hi, p]), 0.0)
+                rho = 1.0 / (1.0 + odds)
+                e = np.exp(-abs(shown[a] - shown[b]))
+                pw = e / (1.0 + e) ** 2 * rho
+                coef[a] += pw
+                coef[b] -= pw
+
+        # Linear gradient (coefficient-weighted shown documents), step, DP clipping.
+        grad[:] = 0.0
+        for i in range(m):
+            c = coef[i]
+            if c != 0.0:
+                row = features[first + top_i[i]]
+                for f in range(n_feat):
+                    grad[f] += c * row[f]
+        lr = params[j, 0]
+        sq = 0.0
+        for f in range(n_feat):
+            w[j, f] = w[j, f] + lr * grad[f]
+            sq += w[j, f] * w[j, f]
+        bound = params[j, 1]
+        norm = np.sqrt(sq)
+        if norm > bound:
+            scale = bound / norm
+            for f in range(n_feat):
+                w[j, f] = w[j, f] * scale

@@ -1,0 +1,261 @@
+"""The compiled PDGD kernel against numpy and the reference PDGD, over many seeds and shapes."""
+
+import os
+
+import numpy as np
+import pytest
+
+from foltr_async.ltr import pdgd_kernel
+from foltr_async.ltr.clicks import CascadeModel, cascade
+from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
+from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
+from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+from foltr_async.ltr.queryset import QuerySet
+from foltr_async.ltr.rankers import LinearRanker
+from tests.test_pdgd_batch import make_queryset
+
+BIT_GENERATORS = [np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937, np.random.Philox]
+BIT_GENERATORS.append(np.random.SFC64)
+
+
+def numpy_draws(rng, owned, n_steps, sizes, k):
+    """What the sequential path draws: query, Gumbel noise, click uniforms per step."""
+    out = []
+    for _ in range(n_steps):
+        q = int(owned[rng.integers(len(owned))])
+        n = int(sizes[q])
+        out.append((q, rng.gumbel(size=n), rng.random((2, min(k, n))).ravel()))
+    return out
+
+
+@pytest.mark.parametrize("bit_generator", BIT_GENERATORS)
+def test_kernel_draws_are_numpys_streams(bit_generator):
+    sizes = np.concatenate(([0, 1, 3, 10, 11], np.random.default_rng(0).integers(0, 300, 60)))
+    n_jobs = 300
+    cases = []
+    for seed in range(n_jobs):
+        pick = np.random.default_rng(seed)
+        n_owned = [1, 2, 3, 7, 65, 2**20 + 3][seed % 6]  # the last: Lemire rejections happen
+        owned = pick.integers(0, sizes.size, n_owned)
+        cases.append((seed, owned, int(pick.integers(0, 7)), [1, 3, 10, 400][seed % 4]))
+    for k in (1, 3, 10, 400):
+        jobs = [c for c in cases if c[3] == k]
+        ref = [np.random.Generator(bit_generator(seed)) for seed, *_ in jobs]
+        got = [np.random.Generator(bit_generator(seed)) for seed, *_ in jobs]
+        for i, (a, b) in enumerate(zip(ref, got, strict=True)):
+            if i % 3 == 1:  # leave half of a 64-bit draw buffered for the next 32-bit draw
+                a.integers(5, dtype=np.int32)
+                b.integers(5, dtype=np.int32)
+        expected = [
+            numpy_draws(r, owned, n, sizes, k)
+            for r, (_, owned, n, _) in zip(ref, jobs, strict=True)
+        ]
+        owned_ptr = np.cumsum([0] + [len(o) for _, o, _, _ in jobs])
+        query, gptr, uptr, gumbel, uniform, ndcg = pdgd_kernel.draw(
+            pdgd_kernel.generator_pointers(got),
+            np.concatenate([o for _, o, _, _ in jobs]),
+            owned_ptr,
+            np.array([n for _, _, n, _ in jobs], dtype=np.int64),
+            sizes,
+            k,
+        )
+        assert np.isnan(ndcg).all() and ndcg.shape == query.shape
+        for j, steps in enumerate(expected):
+            assert (query[j, len(steps) :] == -1).all()
+            for s, (q, g, u) in enumerate(steps):
+                assert query[j, s] == q
+                assert np.array_equal(gumbel[gptr[j, s] : gptr[j, s] + g.size], g)  # bitwise
+                assert np.array_equal(uniform[uptr[j, s] : uptr[j, s] + u.size], u)
+            np.testing.assert_equal(ref[j].bit_generator.state, got[j].bit_generator.state)
+
+
+def one_hot_queryset(n_grades: int) -> QuerySet:
+    """Every document its own feature: a weight update shows exactly which documents moved."""
+    sizes = np.array([0, 1, 2, 4, 9, 10, 11, 25])
+    qptr = np.concatenate(([0], np.cumsum(sizes)))
+    rng = np.random.default_rng(n_grades)
+    labels = rng.integers(0, n_grades, qptr[-1]).astype(np.int8)
+    labels[qptr[4] : qptr[5]] = 0  # no relevant document
+    features = np.eye(qptr[-1], dtype=np.float32)
+    return QuerySet(features, labels, qptr, np.array([f"q{i}" for i in range(sizes.size)]))
+
+
+def reference(train, job: LinearJob, k: int):
+    """The one-query-at-a-time PDGD of ``pdgd.py`` (LocalLearner.train at any ``k``)."""
+    ranker = LinearRanker(train.n_features)
+    ranker.set_params(job.weights)
+    ideal = ideal_dcg(train, k)
+    queries, shown = [], []
+    for _ in range(job.n_steps):
+        q = int(job.queries[job.rng.integers(len(job.queries))])
+        features, labels = train.query(q)
+        scores = ranker.score(features)
+        ranking = sample_ranking(scores, k, job.rng)
+        clicks = job.click_model.simulate(labels[ranking], job.rng)
+        queries.append(q)
+        shown.append(float(dcg_at_k(labels[ranking], k)) / ideal[q] if ideal[q] > 0 else 0.0)
+        if clicks.any():
+            theta = ranker.get_params() + job.lr * pdgd_gradient(
+                ranker, features, ranking, clicks, scores
+            )
+            if job.clip is not None:
+                norm = float(np.linalg.norm(theta))
+                theta = theta if norm <= job.clip else theta * (job.clip / norm)
+            ranker.set_params(theta)
+    return ranker.get_params(), queries, shown
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 30, 200])  # 200: nDCG sums of > 128 terms
+@pytest.mark.parametrize("n_grades", [3, 5])
+@pytest.mark.parametrize("data", ["random", "one_hot"])
+def test_kernel_equals_the_reference_pdgd(k, n_grades, data):
+    train = make_queryset(n_grades, seed=k) if data == "random" else one_hot_queryset(n_grades)
+    names = ("perfect", "navigational", "informational", "poison")
+    models = [cascade(m, n_grades) for m in names]
+    # a model with more grades than the data has, one with fewer (labels clamp to its top)
+    models.append(CascadeModel("wide", np.linspace(0.1, 0.9, 7), np.linspace(0.0, 0.6, 7)))
+    models.append(CascadeModel("narrow", np.array([0.2, 0.9]), np.array([0.1, 0.5])))
+    rng = np.random.default_rng(100 * k + n_grades)
+    specs = []
+    for j in range(150):
+        queries = rng.choice(train.n_queries, size=int(rng.integers(1, 6)), replace=False)
+        scale = rng.choice([0.0, 0.1, 1.0, 30.0, 1e3])
+        specs.append(
+            (
+                rng.normal(size=train.n_features) * scale,
+                queries,
+                int(rng.integers(0, 5)),
+                models[j % len(models)],
+                float(rng.choice([0.0, 0.1, 2.0])),
+                None if j % 3 else float(rng.choice([0.5, 5.0])),
+            )
+        )
+
+    def jobs():
+        return [
+            LinearJob(w, q, n, np.random.default_rng(5000 + j), m, lr, clip)
+            for j, (w, q, n, m, lr, clip) in enumerate(specs)
+        ]
+
+    batch, alone = jobs(), jobs()
+    res = train_linear_batch(train, batch, k)
+    for j, job in enumerate(alone):
+        weights, queries, shown = reference(train, job, k)
+        n = job.n_steps
+        assert res.queries[j, :n].tolist() == queries and (res.queries[j, n:] == -1).all()
+        assert res.ndcg[j, :n].tolist() == shown  # bitwise: the same rankings, same sums
+        assert np.isnan(res.ndcg[j, n:]).all()
+        # the same clicks and pairs: with one-hot features any other pair moves other weights
+        np.testing.assert_allclose(res.weights[j], weights, rtol=1e-9, atol=1e-12)
+        assert batch[j].rng.bit_generator.state == job.rng.bit_generator.state
+
+
+def test_degenerate_batches():
+    train = make_queryset(3)
+    model = cascade("informational", 3)
+    start = np.arange(train.n_features, dtype=np.float64)
+    # no steps at all: weights come back, no query issued, nothing drawn
+    rng = np.random.default_rng(0)
+    before = rng.bit_generator.state
+    res = train_linear_batch(train, [LinearJob(start, np.arange(3), 0, rng, model, 0.1)] * 2)
+    assert res.queries.shape == (2, 0) and res.ndcg.shape == (2, 0)
+    assert np.array_equal(res.weights, [start, start]) and rng.bit_generator.state == before
+    # a job with no queries may run no step; one that must draw raises (as integers(0) does)
+    idle = LinearJob(start, np.zeros(0, dtype=np.int64), 0, rng, model, 0.1)
+    assert np.array_equal(train_linear_batch(train, [idle]).weights[0], start)
+    with pytest.raises(ValueError, match="queries"):
+        train_linear_batch(train, [LinearJob(start, np.zeros(0), 1, rng, model, 0.1)])
+    # only the empty query: nothing shown, nDCG 0, no update
+    res = train_linear_batch(train, [LinearJob(start, np.array([0]), 3, rng, model, 0.1)])
+    assert res.ndcg.tolist() == [[0.0] * 3] and np.array_equal(res.weights[0], start)
+    with pytest.raises(IndexError, match="query"):
+        train_linear_batch(
+            train, [LinearJob(start, np.array([train.n_queries]), 1, rng, model, 0.1)]
+        )
+    with pytest.raises(TypeError, match="cascade"):
+        train_linear_batch(train, [LinearJob(start, np.array([1]), 1, rng, object(), 0.1)])
+    with pytest.raises(ValueError, match="k must"):
+        train_linear_batch(train, [LinearJob(start, np.array([1]), 1, rng, model, 0.1)], k=0)
+
+
+def test_uncachable_functions_still_compile():
+    # functions without a source file (here: exec) cannot be cached; they compile in memory
+    namespace: dict = {}
+    exec("def twice(x):\n    return 2 * x\n", namespace)
+    assert pdgd_kernel._jit(namespace["twice"])(21) == 42
+
+
+def run_small_elsewhere(**env: str) -> list[float]:
+    """``run_small`` in a fresh interpreter with extra environment variables."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import json\n"
+        "from tests.test_pdgd_kernel import run_small\n"
+        "print(json.dumps(run_small().tolist()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_the_kernel_runs_as_python_under_numba_disable_jit():
+    # NUMBA_DISABLE_JIT (debuggers, coverage) runs the same code uncompiled: same result
+    assert run_small_elsewhere(NUMBA_DISABLE_JIT="1") == run_small().tolist()
+
+
+def test_the_compiled_kernel_is_cached_and_loads_from_the_cache(tmp_path):
+    # the first process compiles into an empty cache, the second loads what it wrote
+    expected = run_small().tolist()
+    assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
+    cached = sorted(p.name for p in tmp_path.rglob("*.nbi"))
+    assert any("step" in name for name in cached) and any("draw" in name for name in cached)
+    assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
+
+
+def test_pairwise_sum_is_numpys():
+    rng = np.random.default_rng(0)
+    for n in [*range(0, 300), 511, 1000, 1024, 4099]:
+        a = rng.normal(size=n) * rng.choice([1.0, 1e-9, 1e9], n)
+        assert pdgd_kernel._pairwise_sum(a, n) == a.sum()
+
+
+def run_small() -> np.ndarray:
+    """A few jobs' weights and shown nDCG after three steps (compiled or not)."""
+    train = make_queryset(5, seed=2)
+    model = cascade("informational", 5)
+    jobs = [
+        LinearJob(
+            np.full(train.n_features, 0.3), np.arange(3, 12), 3, np.random.Generator(bg), model, 0.5
+        )
+        for bg in (np.random.PCG64(1), np.random.MT19937(2))
+    ]
+    res = train_linear_batch(train, jobs)
+    return np.concatenate((res.weights.ravel(), res.ndcg.ravel()))
+
+
+def test_prepare_loads_what_real_data_calls():
+    from foltr_async.ltr.pdgd_batch import prepare
+
+    prepare()
+    compiled = (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures))
+    train = make_queryset(3)  # float32 features and int8 labels, as the loaders make
+    job = LinearJob(
+        np.zeros(train.n_features),
+        np.arange(4),
+        2,
+        np.random.default_rng(0),
+        cascade("perfect", 3),
+        0.1,
+    )
+    train_linear_batch(train, [job])
+    assert (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures)) == compiled
