@@ -5,6 +5,9 @@ queues and handlers, the protocol's state, compiled code). Every full collection
 all, and a round allocates enough to trigger several: ~20% of a round went there. ``gc.freeze``
 moves what is alive now to a generation the collector never scans; those objects still die by
 reference counting, only cycles among them wait until the last run in the process thaws them.
+A round also allocates (and frees) some ten objects per message, so the youngest generation's
+threshold is raised while a run plays: fewer, larger young collections (the default 700 gave
+~35 young collections per paper-scale round, ~10 us per client).
 """
 
 from __future__ import annotations
@@ -13,12 +16,19 @@ import gc
 
 __all__ = ["freeze", "refreeze", "thaw"]
 
+#: Allocations between two young collections while a run plays (Python's default: 700).
+YOUNG_THRESHOLD = 10_000
+
 _runs = 0  # runs of this process whose heap is frozen (runs may overlap on one event loop)
+_thresholds: tuple[int, ...] = ()  # the collector's thresholds before the first of them
 
 
 def freeze() -> None:
     """A run has built and started its agents: freeze everything alive now."""
-    global _runs
+    global _runs, _thresholds
+    if not _runs:
+        _thresholds = gc.get_threshold()
+        gc.set_threshold(max(YOUNG_THRESHOLD, _thresholds[0]), *_thresholds[1:])
     _runs += 1
     gc.freeze()
 
@@ -32,6 +42,9 @@ def refreeze() -> None:
 def thaw() -> None:
     """A frozen run ended: once none is left, the collector may reclaim their cycles again."""
     global _runs
-    _runs = max(0, _runs - 1)
+    if not _runs:
+        return
+    _runs -= 1
     if not _runs:
         gc.unfreeze()
+        gc.set_threshold(*_thresholds)
