@@ -2,12 +2,12 @@
 
 A paper-scale run holds ~150,000 tracked objects that live as long as the run (agents, their
 queues and handlers, the protocol's state, compiled code). Every full collection rescans them
-all, and a round allocates enough to trigger several: ~20% of a round went there. ``gc.freeze``
+all, and a round allocates enough to trigger some: ~15% of a round went there. ``gc.freeze``
 moves what is alive now to a generation the collector never scans; those objects still die by
 reference counting, only cycles among them wait until the last run in the process thaws them.
 A round also allocates (and frees) some ten objects per message, so the youngest generation's
 threshold is raised while a run plays: fewer, larger young collections (the default 700 gave
-~35 young collections per paper-scale round, ~10 us per client).
+~35 young collections per paper-scale round, ~8 us per client).
 """
 
 from __future__ import annotations
