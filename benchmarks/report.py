@@ -64,6 +64,7 @@ _SHOWN = (
     ("bus", "msgs_per_s", "messages/s", ""),
     ("bus", "bytes_per_s", "bytes/s", ""),
     ("startup", "s", "start-up to round 1", "s"),
+    ("startup", "round1_s", "start-up to the end of round 1", "s"),
     ("startup", "cold_s", "start-up, dataset not cached yet", "s"),
     ("memory", "mb_per_1000_clients", "RSS per 1000 clients", "MB"),
     ("memory", "rss_62500_mb", "RSS with 62,500 clients", "MB"),

@@ -59,6 +59,7 @@ import structlog
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
+from foltr_async.runtime import heap
 from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
@@ -722,6 +723,7 @@ class AgentHost:
             pool = getattr(agent, "pool", None)
             if isinstance(pool, BatchPool):
                 pool.prepare()
+        heap.freeze()  # the agents and their compiled code live until the run ends
         return self.states()
 
     def states(self, ids: Any = None) -> dict:
@@ -781,11 +783,13 @@ class AgentHost:
         for agent in self.sim.agents.values():
             if agent.state == "joined":
                 await agent.leave()
+        heap.thaw()
         return self.flush()
 
     async def crash_all(self) -> None:
         for agent in self.sim.agents.values():
             await agent.crash()
+        heap.thaw()
 
 
 class WorkerRuntime:

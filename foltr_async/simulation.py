@@ -27,6 +27,7 @@ from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY, AggregatorEntry
 from foltr_async.rng import stream
+from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
@@ -551,10 +552,12 @@ class Simulation:
         if self._saved is not None:
             self._resume()
         self._start_agents()
+        heap.freeze()
         try:
             await self._play()
         finally:
             await self._stop()
+            heap.thaw()
         return self._collect()
 
     def _start_clock(self) -> None:
@@ -730,6 +733,8 @@ class Simulation:
                 replied=report.replied,
                 min_clients=self.plan.min_clients,
             )
+        if not self._reports:  # the first round loaded what training needs (compiled code)
+            heap.refreeze()
         stats = self.bus.stats.as_dict()
         self._reports.append(report)
         sim_time = self._loop.time() - self._sim0

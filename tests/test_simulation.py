@@ -1,6 +1,7 @@
 """End-to-end runs through the bus in virtual time, on the real MQ2008 sample."""
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -71,6 +72,21 @@ def test_virtual_time_rounds_take_simulated_not_wall_time(scenario_file):
     assert result["rounds"] == [5, 10, 15, 20]
     assert result["messages"]["sent"] == 2 * 20 * 5
     assert result["online"]["interactions"] == 20 * 5 * 4
+
+
+def test_a_run_freezes_its_heap_while_it_plays_and_thaws_it_after(scenario_file):
+    cfg = load_scenario(scenario_file).variants["fpdgd"]
+    during, thresholds = [], gc.get_threshold()
+
+    class Watch(Observer):
+        def round_done(self, *args, **kwargs):
+            during.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+
+    run(Simulation(cfg, 4, Watch()).run())
+    assert min(during)[0] > 0  # agents (and round 1's compiled code) out of the collector's scans
+    assert min(during)[1] >= 10_000  # fewer young collections while it plays
+    assert gc.get_freeze_count() == 0  # nothing kept from the collector once the run is over
+    assert gc.get_threshold() == thresholds
 
 
 def test_same_seed_gives_identical_results_and_another_seed_does_not(scenario_file):

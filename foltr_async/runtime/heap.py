@@ -1,0 +1,50 @@
+"""Keeping the cyclic garbage collector off a run's long-lived heap.
+
+A paper-scale run holds ~150,000 tracked objects that live as long as the run (agents, their
+queues and handlers, the protocol's state, compiled code). Every full collection rescans them
+all, and a round allocates enough to trigger some: ~15% of a round went there. ``gc.freeze``
+moves what is alive now to a generation the collector never scans; those objects still die by
+reference counting, only cycles among them wait until the last run in the process thaws them.
+A round also allocates (and frees) some ten objects per message, so the youngest generation's
+threshold is raised while a run plays: fewer, larger young collections (the default 700 gave
+~35 young collections per paper-scale round, ~8 us per client).
+"""
+
+from __future__ import annotations
+
+import gc
+
+__all__ = ["freeze", "refreeze", "thaw"]
+
+#: Allocations between two young collections while a run plays (Python's default: 700).
+YOUNG_THRESHOLD = 10_000
+
+_runs = 0  # runs of this process whose heap is frozen (runs may overlap on one event loop)
+_thresholds: tuple[int, ...] = ()  # the collector's thresholds before the first of them
+
+
+def freeze() -> None:
+    """A run has built and started its agents: freeze everything alive now."""
+    global _runs, _thresholds
+    if not _runs:
+        _thresholds = gc.get_threshold()
+        gc.set_threshold(max(YOUNG_THRESHOLD, _thresholds[0]), *_thresholds[1:])
+    _runs += 1
+    gc.freeze()
+
+
+def refreeze() -> None:
+    """Freeze what a frozen run built since (e.g. compiled code loaded by its first round)."""
+    if _runs:
+        gc.freeze()
+
+
+def thaw() -> None:
+    """A frozen run ended: once none is left, the collector may reclaim their cycles again."""
+    global _runs
+    if not _runs:
+        return
+    _runs -= 1
+    if not _runs:
+        gc.unfreeze()
+        gc.set_threshold(*_thresholds)
