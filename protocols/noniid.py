@@ -29,7 +29,10 @@ over the listed intents' label views of the held-out queries (each also reported
 ``ndcg@10/intentK``), for IID and non-IID alike. ``intents = [0]`` (every client the same
 intent) is the IID baseline of the authors' code (``ielab/2022-SIGIR-noniid-foltr``): it asks
 whether serving several intents at all costs effectiveness, where ``iid = true`` asks whether
-their distribution over clients does.
+their distribution over clients does. ``merge_intents = true`` is the study's published IID
+baseline: one label view in which a document's grade is the highest any listed intent gives it
+(relevant if relevant for any intent; the intent-change collection's merged judgements), used by
+every client and by the offline evaluation (reported as ``ndcg@10/merged``).
 
 Remedies (protocol ``fpdgd_remedies``: FPDGD with these parameters; all off, it is FPDGD):
 
@@ -40,7 +43,11 @@ Remedies (protocol ``fpdgd_remedies``: FPDGD with these parameters; all off, it 
   output layer and sends the base (its output slice is the global one, so it never leaves the
   device). The deployed models are personal, so FedPer's ``ndcg@10`` is the mean over clients
   (up to ``eval_clients``) of their personal models on their own held-out views;
-  ``ndcg@10_global`` is the global model's.
+  ``ndcg@10_global`` is the global model's. ``fedper_mode = "study"`` runs and scores it as the
+  SIGIR 2022 study's code does instead: a client still trains from its own output layer, but
+  sends it with the base layers, so the server averages the personal layers into a complete
+  global model, and ``ndcg@10`` is that global model on the evaluation views (the personal
+  mean is ``ndcg@10_personal``).
 - Data sharing (Zhao et al., 2018), ``share_alpha``: the server holds a globally shared set G
   (``share_size`` of the IID data's queries, i.e. of the (query, intent) pairs with intents,
   with users from the IID click mixture), warms the model up
@@ -94,6 +101,12 @@ PARTITION_FIELDS = {
         [],
         "type 1: intents spread over the clients (a dataset with "
         "intents); [] = the dataset's labels",
+    ),
+    "merge_intents": Field(
+        bool,
+        False,
+        "type 1's published IID baseline: one label view of the listed intents, a "
+        "document's grade the highest any of them gives it (relevant if relevant for any)",
     ),
     "grades": Field(
         int, 0, "type 2: relevance grades (#R) of each client's documents; 0 = all", min=0
@@ -224,14 +237,26 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
                     f"federation.partition.intents[{i}]: expected an intent in 0..{n_int - 1}, "
                     f"got {k!r}"
                 )
-        views = [train.intent_labels[k] for k in intents]
-        test_sets = tuple(
-            ctx.shared(
-                f"noniid.test.{k}",
-                lambda k=k: label_view(test, test.intent_labels[k], f"intent{k}"),
+        if spec["merge_intents"]:
+            rows = list(intents)
+            views = [train.intent_labels[rows].max(axis=0)]
+            test_sets = (
+                ctx.shared(
+                    "noniid.test.merged",
+                    lambda: label_view(test, test.intent_labels[rows].max(axis=0), "merged"),
+                ),
             )
-            for k in intents
-        )
+        else:
+            views = [train.intent_labels[k] for k in intents]
+            test_sets = tuple(
+                ctx.shared(
+                    f"noniid.test.{k}",
+                    lambda k=k: label_view(test, test.intent_labels[k], f"intent{k}"),
+                )
+                for k in intents
+            )
+    elif spec["merge_intents"]:
+        raise ScenarioError("federation.partition.merge_intents: needs intents to merge")
     else:
         views = [train.labels]
         test_sets = ()
@@ -259,7 +284,11 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
             needed.add((int(v), None if client_subset is None else int(client_subset[c])))
     keys = sorted(needed, key=lambda t: (t[1] is not None, t[1] or 0, t[0]))
     if keys == [(0, None)]:  # one view of whole queries: no copy of the features
-        stacked = train if not intents else label_view(train, views[0], f"intent{intents[0]}")
+        if not intents:
+            stacked = train
+        else:
+            merged = spec["merge_intents"]
+            stacked = label_view(train, views[0], "merged" if merged else f"intent{intents[0]}")
         maps, block = [np.arange(train.n_queries)], {(0, None): 0}
     else:
         blocks = [(views[v], None if s is None else np.isin(views[v], subsets[s])) for v, s in keys]
@@ -305,6 +334,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     global_data = ClientData(np.sort(whole[whole >= 0]), stacked, mixture, None, test_sets or None)
     facts.update(
         intents=intents or None,
+        merged_intents=bool(spec["merge_intents"]) or None,
         grade_subsets=[list(g) for g in subsets] or None,
         click_models=[getattr(m, "name", "pbm") for m in models] or None,
         queries_per_round=sizes or None,
@@ -337,6 +367,13 @@ class Params(FPDGDParams):
     )
     warmup: int = param(1000, "data sharing: the server's PDGD interactions on G", min=0)
     eval_clients: int = param(100, "FedPer: clients whose personal models are evaluated", min=1)
+    fedper_mode: str = param(
+        "personal",
+        "FedPer: the output layer never leaves the device and ndcg@10 is the personal models' "
+        "(personal), or, as the SIGIR 2022 study's code runs it, clients also send it, the "
+        "server averages it and ndcg@10 is the global model's (study)",
+        choices=("personal", "study"),
+    )
 
 
 class _Unseen:
@@ -397,6 +434,7 @@ class RemedyClient(FPDGDClient):
         self.fedper = p.fedper
         self.out = self.learner.ranker.layer_slices()["output"] if self.fedper else None
         self.head: np.ndarray | None = None  # FedPer: the personal output layer
+        self.study = p.fedper_mode == "study"  # FedPer: the head is also sent (the study's code)
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         if not self.fedper:
@@ -408,7 +446,8 @@ class RemedyClient(FPDGDClient):
         self.head = theta[self.out].copy()
         # measurement only (never a message): the personal layer, for personalised evaluation
         self.learner.users.probe.oracle["fedper.head", self.id] = self.head
-        theta[self.out] = start[self.out]  # the personal layer stays on the device
+        if not self.study:
+            theta[self.out] = start[self.out]  # the personal layer stays on the device
         return theta
 
     @handles(SHARED)
@@ -500,8 +539,11 @@ class RemedyStrategy(FPDGDStrategy):
                 else self.ctx.evaluate(self.ranker)["ndcg@10"]
             )
         self.ranker.set_params(self.model)
+        personal = float(np.mean(values))
+        if self.ctx.params.fedper_mode == "study":
+            return {**out, "ndcg@10_personal": personal, "personal_models": len(values)}
         return {
-            "ndcg@10": float(np.mean(values)),
+            "ndcg@10": personal,
             "ndcg@10_global": out["ndcg@10"],
             "personal_models": len(values),
         }

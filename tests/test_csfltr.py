@@ -12,7 +12,7 @@ from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
 from protocols.csfltr import messages
 from protocols.csfltr.corpus import N_FEATURES
-from protocols.csfltr.primitives import evaluate, listnet_step
+from protocols.csfltr.primitives import evaluate, listnet_step, pointwise_step
 
 SMALL = """
 [scenario]
@@ -166,3 +166,44 @@ def test_listnet_learns_and_bad_parameters_are_one_line_errors(tmp_path):
         simulate(tmp_path, 'federation.params.corpus="msmarco"')
     with pytest.raises(ScenarioError, match="judged"):
         simulate(tmp_path, "federation.params.judged=[1]")
+
+
+def test_pointwise_step_fits_the_grades_by_least_squares(tmp_path):
+    _, sim = simulate(tmp_path, "federation.rounds=1")
+    ts = sim.agents["client-0000"].train_set
+    w = np.zeros(N_FEATURES)
+    for _ in range(3000):
+        w = pointwise_step(w, ts, 0.5)
+    x, y = ts.features.astype(np.float64), ts.labels.astype(np.float64)
+    best = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert np.mean((x @ w - y) ** 2) <= np.mean((x @ best - y) ** 2) + 0.01
+    test = sim.proto.test
+    assert evaluate(w, test)["ndcg@10"] > evaluate(-w, test)["ndcg@10"] + 0.1
+
+
+@pytest.mark.parametrize("mode", ["csfltr", "global"])
+def test_round_robin_passes_the_model_from_party_to_party(tmp_path, mode):
+    result, sim = simulate(
+        tmp_path,
+        f'federation.params.mode="{mode}"',
+        'federation.params.schedule="round_robin"',
+        'federation.params.learner="pointwise"',
+    )
+    strategy = sim.proto.strategy
+    # round 1 asks every party (feature generation); rounds 2-4 one party each, in turn
+    assert sorted(strategy.party_models) == ["client-0000", "client-0001", "client-0002"]
+    last = strategy.turn(4)
+    assert last == "client-0000"  # rounds 1..4 -> parties 0, 1, 2, 0
+    np.testing.assert_array_equal(strategy.model, strategy.party_models[last])
+    # the round-4 party trained from the round-3 model: redo its steps
+    p = sim.proto.ctx.params
+    w3 = strategy.party_models[strategy.turn(3)]
+    w = w3
+    for _ in range(p.local_epochs):
+        w = pointwise_step(w, sim.agents[last].train_set, p.lr)
+    np.testing.assert_allclose(strategy.model, w)
+    assert result["messages"]["kinds"][messages.UPDATE]["sent"] == 3 + 3
+    with pytest.raises(ScenarioError, match="schedule: round_robin trains one shared model"):
+        simulate(
+            tmp_path, 'federation.params.mode="local"', 'federation.params.schedule="round_robin"'
+        )

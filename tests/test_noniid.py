@@ -360,3 +360,43 @@ def test_shared_queries_mix_into_local_training_uniformly_and_unseen():
     expected = 30 / (30 + len(own.queries))
     assert abs(len(shared.issued) / 400 - expected) < 0.08
     assert set(shared.issued) <= set(share.tolist())
+
+
+def test_type1_merged_intents_baseline_judges_by_any_intent():
+    sim = build(config({"intents": [0, 1, 2, 3], "merge_intents": True}))
+    base, test = sim.ctx.data.train, sim.ctx.data.test
+    merged = base.intent_labels.max(axis=0)
+    for c in clients(sim):
+        users = c.learner.users
+        for q in users.queries.tolist():
+            bq = base_query(users.train, q, base)
+            np.testing.assert_array_equal(
+                users.train.labels[users.train.doc_range(q)], merged[base.doc_range(bq)]
+            )
+    (view,) = sim.ctx.partition.test_sets
+    assert view.name == "merged"
+    np.testing.assert_array_equal(view.labels, test.intent_labels.max(axis=0))
+    assert sim.ctx.partition.facts["merged_intents"] is True
+    with pytest.raises(ScenarioError, match="merge_intents: needs intents"):
+        build(config({"merge_intents": True}, dataset=GRADED))
+
+
+def test_fedper_study_mode_sends_the_head_and_scores_the_global_model():
+    cfg = remedy(
+        {"intents": [0, 1, 2, 3]},
+        ranker={"kind": "mlp", "hidden": [8]},
+        fedper=True,
+        fedper_mode="study",
+    )
+    sim = build(cfg)
+    client = clients(sim)[1]
+    out = client.learner.ranker.layer_slices()["output"]
+    start = sim.proto.strategy.model.copy()
+    first = asyncio.run(client.make_update(1, start))
+    np.testing.assert_array_equal(first[out], client.head)  # the head travels too
+    assert not np.allclose(first[out], start[out])
+    result = run(Simulation(cfg, 3, Observer()).run())
+    off = result["offline"]
+    assert off["personal_models"] == [8, 8]
+    assert "ndcg@10_personal" in off and "ndcg@10/intent0" in off
+    assert off["ndcg@10"] != off["ndcg@10_personal"]

@@ -5,8 +5,10 @@
 Per variant: final offline nDCG@10 and expected MaxRR@10 (mean ± sample std, n repeats = folds x
 seeds), the online discounted nDCG@10, and the paired difference to the reference with its raw and
 Holm-adjusted p (as results.json holds them); unlearned variants add their calibration cost
-against re-training from scratch. ``--conclusions`` adds the unlearning sentences of the current
-code (``foltr_async.experiment.conclusions``).
+against re-training from scratch; ``--metric NAME`` adds another final offline metric as a
+column (e.g. FedIPS's ndcg@5, FedPer's ndcg@10_personal); CS-F-LTR runs add a table of the
+reverse top-K's cover rate and query time. ``--conclusions`` adds the unlearning sentences of
+the current code (``foltr_async.experiment.conclusions``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,58 @@ def _p(p: float | None) -> str:
     return "–" if p is None else f"{p:.2g}"
 
 
-def table(results: dict, only: list[str]) -> str:
-    comps = {c["variant"]: c for c in results.get("comparisons", [])}
+def _stat(values: list[float], fmt: str) -> str:
+    if not values:
+        return "–"
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{m:{fmt}}"
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{m:{fmt}} ± {sd:{fmt}}"
+
+
+def csfltr_table(results: dict, only: list[str]) -> str:
+    """CS-F-LTR's reverse top-K measurements per variant (mean ± std over repeats): cover rate
+    against the exact top-K (all queried terms, and terms at least K documents hold twice),
+    query time per term (owner + querier) of RTK-Sketch and NAIVE, and their ratio."""
     rows = [
-        "| variant | nDCG@10 | MaxRR@10 | online nDCG@10 | n | Δ nDCG@10 vs ref | p | Holm p |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | RTK cover | RTK cover (rankable) | RTK ms/term | NAIVE ms/term | speed-up "
+        "| n |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in results["variants"].items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        cs = [r["csfltr"] for r in entry["repeats"] if r.get("csfltr", {}).get("rtk")]
+        if not cs:
+            continue
+
+        def col(path: tuple[str, ...], fmt: str, cs: list = cs) -> str:
+            vals = []
+            for c in cs:
+                v = c
+                for key in path:
+                    v = v.get(key) if isinstance(v, dict) else None
+                if v is not None:
+                    vals.append(float(v))
+            return _stat(vals, fmt)
+
+        rows.append(
+            f"| {name} | {col(('rtk', 'cover_rate'), '.3f')} | "
+            f"{col(('rtk', 'cover_rate_rankable'), '.3f')} | {col(('rtk', 'query_ms'), '.2f')} | "
+            f"{col(('naive', 'query_ms'), '.2f')} | {col(('speedup',), '.1f')} | {len(cs)} |"
+        )
+    return "\n".join(rows) + "\n" if len(rows) > 2 else ""
+
+
+def table(results: dict, only: list[str], extra: list[str] | None = None) -> str:
+    comps = {c["variant"]: c for c in results.get("comparisons", [])}
+    extra = extra or []
+    rows = [
+        "| variant | nDCG@10 | MaxRR@10 | "
+        + "".join(f"{m} | " for m in extra)
+        + "online nDCG@10 | n | Δ nDCG@10 vs ref | p | Holm p |",
+        "|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|",
     ]
     costs = []
     for name, entry in results["variants"].items():
@@ -44,7 +93,8 @@ def table(results: dict, only: list[str]) -> str:
             delta = f"{c['diff_mean']:+.4f}"
         rows.append(
             f"| {name} | {_ms(final.get('ndcg@10'))} | {_ms(final.get('maxrr@10'))} | "
-            f"{_ms(s['online'].get('ndcg@10_discounted'), '.1f')} | "
+            + "".join(f"{_ms(final.get(m))} | " for m in extra)
+            + f"{_ms(s['online'].get('ndcg@10_discounted'), '.1f')} | "
             f"{final.get('ndcg@10', {}).get('n', 0)} | {delta} | {_p(c.get('p_value'))} | "
             f"{_p(c.get('p_holm'))} |"
         )
@@ -69,9 +119,18 @@ def main() -> None:
     ap.add_argument("results", type=Path)
     ap.add_argument("--only", action="append", default=[], help="variant name prefix")
     ap.add_argument("--conclusions", action="store_true", help="also the unlearning sentences")
+    ap.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        help="another final offline metric as a column (e.g. ndcg@5, ndcg@10_personal)",
+    )
     args = ap.parse_args()
     results = json.loads(args.results.read_text())
-    print(table(results, args.only), end="")
+    print(table(results, args.only, args.metric), end="")
+    cs = csfltr_table(results, args.only)
+    if cs:
+        print("\n" + cs, end="")
     if args.conclusions:
         from foltr_async.experiment import conclusions
 

@@ -44,7 +44,12 @@ byte counts per kind in results.json are real.
 
 Then training runs on the generic round engine: the server broadcasts ``csfltr.model`` (linear
 weights over the 16 normalised features); each party takes ``local_epochs`` full-batch
-ListNet steps (Cao et al., ICML 2007) on its instances and replies ``csfltr.update``. Feature
+ListNet steps (Cao et al., ICML 2007; ``learner = "pointwise"``: least-squares regression on
+the grades instead) on its instances and replies ``csfltr.update``. With ``schedule =
+"round_robin"`` (modes ``csfltr`` and ``global``) the parties train the model in turn instead
+of FedAvg: round r's model is party (r - 1) mod n's update of round r - 1's, and from round 2 on
+only that party is asked (round 1 asks every party, which generates its features then; the
+server keeps party 0's update). Feature
 generation is the first round's local work: a party receiving a round-1 model with
 ``generate = true`` runs steps 1-2 (event driven: its own inbox handles answers and the other
 parties' queries meanwhile) and replies once its features are complete. Modes (``mode``):
@@ -84,6 +89,8 @@ from protocols.csfltr.eavesdropper import RelayEavesdropper
 from protocols.csfltr.server import CSFLTR
 
 MODES = ("csfltr", "local", "local+", "global")
+LEARNERS = ("listnet", "pointwise")
+SCHEDULES = ("fedavg", "round_robin")
 
 
 @parameters
@@ -128,8 +135,19 @@ class Params:
     local_candidates: int = param(30, "own documents per query (BM25 top-N)", min=1)
     probe_terms: int = param(4, "terms per (querier, owner) measured with NAIVE too", min=0)
     stopwords: int = param(100, "most frequent terms left out of sketches and queries", min=0)
-    lr: float = param(0.5, "ListNet learning rate", min=0.0)
-    local_epochs: int = param(10, "full-batch ListNet steps per round", min=1)
+    lr: float = param(0.5, "learning rate of the local steps", min=0.0)
+    local_epochs: int = param(10, "full-batch local steps per round", min=1)
+    learner: str = param(
+        "listnet",
+        "local model: ListNet (listwise) or pointwise least squares on the grades",
+        choices=LEARNERS,
+    )
+    schedule: str = param(
+        "fedavg",
+        "csfltr / global: FedAvg of every party's update each round, or round_robin: the "
+        "parties train the one model in turn, one party a round",
+        choices=SCHEDULES,
+    )
 
 
 def _eavesdropper(ctx, proto, group, aid, queries, rng):

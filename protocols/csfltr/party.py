@@ -36,7 +36,7 @@ from protocols.csfltr.messages import (
     TF_QUERY,
     UPDATE,
 )
-from protocols.csfltr.primitives import listnet_step, naive_answer, naive_top, rtk_answer, rtk_top
+from protocols.csfltr.primitives import STEPS, naive_answer, naive_top, rtk_answer, rtk_top
 
 if TYPE_CHECKING:
     from protocols.csfltr.server import CSFLTR
@@ -115,8 +115,10 @@ class Party(Agent):
             self.train_set = self._build_train_set()
         mode = self.proto.mode
         w = self.weights if mode in ("local", "local+") else model
-        for _ in range(self.proto.ctx.params.local_epochs):
-            w = listnet_step(w, self.train_set, self.proto.ctx.params.lr)
+        p = self.proto.ctx.params
+        step = STEPS[p.learner]
+        for _ in range(p.local_epochs):
+            w = step(w, self.train_set, p.lr)
         self.weights = w
         self.send(
             "server",

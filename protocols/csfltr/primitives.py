@@ -1,6 +1,6 @@
-"""Pure functions both roles and the cost benchmark call: a ListNet step and the evaluation of a
-linear model, and the owner's and querier's halves of a reverse top-K by RTK-Sketch and by
-NAIVE (``protocols.rtk_cost`` times them on one collection)."""
+"""Pure functions both roles and the cost benchmark call: a ListNet or pointwise step and the
+evaluation of a linear model, and the owner's and querier's halves of a reverse top-K by
+RTK-Sketch and by NAIVE (``protocols.rtk_cost`` times them on one collection)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ def listnet_step(w: np.ndarray, qs: QuerySet, lr: float) -> np.ndarray:
     target = gain / np.repeat(np.add.reduceat(gain, starts), sizes)
     pred = softmax(x @ w)
     return w + lr * (x.T.astype(np.float64) @ (target - pred)) / qs.n_queries
+
+
+def pointwise_step(w: np.ndarray, qs: QuerySet, lr: float) -> np.ndarray:
+    """One full-batch least-squares step on the grades (a pointwise model): the gradient of
+    half the mean squared error over all instances, X^T (y - X w) / n_docs."""
+    if qs.n_docs == 0:
+        return w
+    x = qs.features.astype(np.float64)
+    return w + lr * (x.T @ (qs.labels.astype(np.float64) - x @ w)) / qs.n_docs
+
+
+STEPS = {"listnet": listnet_step, "pointwise": pointwise_step}
 
 
 def evaluate(w: np.ndarray, test: QuerySet) -> dict[str, float]:

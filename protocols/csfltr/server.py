@@ -44,9 +44,30 @@ class CSFLTRStrategy(Strategy):
         self.generated = True
         return {"params": self.model, "generate": gen}
 
+    def turn(self, round: int) -> str:
+        """round_robin: the party whose update becomes round ``round``'s model."""
+        return self.proto.party_id((round - 1) % self.proto.corpus.n_parties)
+
+    def select(self, round, candidates, rng, plan):
+        if not self.proto.round_robin or round == 1:
+            return super().select(round, candidates, rng, plan)
+        # this round's party, or the next one online in turn
+        n = self.proto.corpus.n_parties
+        for step in range(n):
+            pid = self.turn(round + step)
+            if pid in candidates:
+                return [pid]
+        return []
+
     def aggregate(self, round: int, replies: list) -> dict:
         for r in replies:
             self.party_models[r.src] = np.array(r.body["params"])
+        if self.proto.round_robin:
+            if replies:
+                turn = self.turn(round)
+                pick = next((r for r in replies if r.src == turn), replies[0])
+                self.model = np.array(pick.body["params"])
+            return {"parties": len(replies)}
         if self.proto.mode in ("csfltr", "global"):
             updates = np.stack([r.body["params"] for r in replies])
             weights = np.array([max(r.body["n_queries"], 1) for r in replies], dtype=np.float64)
@@ -108,7 +129,13 @@ class CSFLTR(ProtocolRun):
             raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
         if ctx.n_malicious:
             raise ScenarioError("agents: csfltr has no attacker roles")
+        if p.schedule == "round_robin" and p.mode not in ("csfltr", "global"):
+            raise ScenarioError(
+                f'federation.params.schedule: round_robin trains one shared model; mode "{p.mode}" '
+                "trains every party alone (use csfltr or global)"
+            )
         self.ctx, self.mode, self.k = ctx, p.mode, p.k
+        self.round_robin = p.schedule == "round_robin"
         self.probe = ctx.probe
         self.corpus = corpus_for(ctx)
         self.hashes = party_hashes(ctx.seed, p.z, p.w)
