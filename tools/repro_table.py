@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -116,7 +117,7 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, help="a run's results.json, or its output folder")
     ap.add_argument("--only", action="append", default=[], help="variant name prefix")
     ap.add_argument("--conclusions", action="store_true", help="also the unlearning sentences")
     ap.add_argument(
@@ -126,7 +127,11 @@ def main() -> None:
         help="another final offline metric as a column (e.g. ndcg@5, ndcg@10_personal)",
     )
     args = ap.parse_args()
-    results = json.loads(args.results.read_text())
+    path = args.results / "results.json" if args.results.is_dir() else args.results
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        sys.exit(f"repro_table: {path}: not a readable results.json ({exc})")
     print(table(results, args.only, args.metric), end="")
     cs = csfltr_table(results, args.only)
     if cs:
