@@ -45,7 +45,7 @@ import numpy as np
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import _CHUNK
+from foltr_async.ltr.rankers import linear_scores
 
 __all__ = ["BatchResult", "LinearJob", "prepare", "train_linear_batch"]
 
@@ -146,16 +146,6 @@ def _params(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return np.array(rows, dtype=np.float64), tables, n_grades
 
 
-def _score(features: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """``LinearRanker.score`` of one query's documents into ``out`` (the same row chunks)."""
-    n = features.shape[0]
-    if n <= _CHUNK:
-        np.matmul(features, w, out=out)
-    else:
-        for i in range(0, n, _CHUNK):
-            np.matmul(features[i : i + _CHUNK], w, out=out[i : i + _CHUNK])
-
-
 def train_linear_batch(
     train: QuerySet, jobs: Sequence[LinearJob], k: int = SERP_LENGTH
 ) -> BatchResult:
@@ -201,7 +191,7 @@ def train_linear_batch(
             q = qj[s]
             if q >= 0:
                 first, n, o = starts[q], sizes[q], oj[s]
-                _score(features[first : first + n], wj, scores[o : o + n])
+                linear_scores(features[first : first + n], wj, scores[o : o + n])
         pdgd_kernel.step(
             s,
             query,
