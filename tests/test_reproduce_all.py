@@ -1,0 +1,103 @@
+"""tools/reproduce_all.py: the plan covers the reproduce/ folder, runs resume, failures are kept."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "reproduce_all.py"
+
+TINY = """
+[scenario]
+name = "tiny"
+repeats = 2
+reference = "plain"
+[dataset]
+profile = "mq2007-like"
+n_queries = 20
+[clicks]
+model = "informational"
+[federation]
+protocol = "fpdgd"
+clients = 3
+rounds = 4
+[evaluation]
+every = 2
+[variants.plain]
+[variants.dp]
+federation.params = { dp = true, epsilon = 4.5, sensitivity = 5.0 }
+"""
+
+
+def tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
+    out = tool("--plan", "--out", "nowhere")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    planned = {line.split()[0] for line in lines}
+    for f in (ROOT / "reproduce").glob("*.toml"):
+        assert any(name == f.stem or name.startswith(f.stem + "-") for name in planned), f.name
+    dp = [line for line in lines if line.startswith("fpdgd_dp-")]
+    assert len(dp) == 3 and all("--set clicks.model=" in line for line in dp)
+    assert all("to run" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ('file = "missing.toml"', "run 1: file 'missing.toml' not found"),
+        ('file = "s.toml"\nclicks = ["cascade"]', "run 1: clicks must be a list of perfect"),
+        ('file = "s.toml"\nwhen = 1', "run 1: unknown key 'when'"),
+        ('file = "s.toml"\nset = ["rounds"]', 'run 1: set must be a list of "key=value"'),
+        ('file = "s.toml"\n[[run]]\nfile = "s.toml"', "run 's' is planned twice"),
+    ],
+)
+def test_a_bad_plan_is_one_line_and_exit_2(tmp_path, entry, message):
+    (tmp_path / "s.toml").write_text(TINY)
+    (tmp_path / "plan.toml").write_text(f"[[run]]\n{entry}\n")
+    out = tool("--plan-file", "plan.toml", "--plan", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and message in out.stderr, out.stderr
+
+
+def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_run(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "broken.toml").write_text(TINY.replace('protocol = "fpdgd"', 'protocol = "x"'))
+    (tmp_path / "plan.toml").write_text(
+        '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect", "navigational"]\n'
+        '[[run]]\nfile = "broken.toml"\n'
+    )
+    (tmp_path / "out" / "tiny-navigational").mkdir(parents=True)  # a run killed earlier
+    first = tool("--plan-file", "plan.toml", "--out", "out", "--jobs", "2", cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "1 run(s) failed: broken" in first.stdout
+    out = tmp_path / "out"
+    assert (out / "tiny-navigational.incomplete-1").is_dir()
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [(r["run"], r["exit_code"]) for r in records] == [
+        ("tiny-perfect", 0),
+        ("tiny-navigational", 0),
+        ("broken", 2),
+    ]
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 for r in records)
+    assert "protocol" in (out / "broken.log").read_text()  # the run's own one-line error
+    perfect = json.loads((out / "tiny-perfect" / "results.json").read_text())
+    navigational = json.loads((out / "tiny-navigational" / "results.json").read_text())
+    assert perfect["config"]["dp"]["clicks"]["model"] == "perfect"
+    assert navigational["config"]["dp"]["clicks"]["model"] == "navigational"
+    report = (out / "REPORT.md").read_text()
+    assert "## tiny-perfect" in report and "## tiny-navigational" in report
+    assert "## broken" not in report and report.count("| dp |") == 2
+
+    again = tool("--plan-file", "plan.toml", "--out", "out", "--only", "tiny", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("done before, skipped") == 2
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 3  # nothing ran again
