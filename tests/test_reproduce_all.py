@@ -48,6 +48,8 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
     dp = [line for line in lines if line.startswith("fpdgd_dp-")]
     assert len(dp) == 3 and all("--set clicks.model=" in line for line in dp)
     assert all("to run" in line for line in lines)
+    mslr = [line for line in lines if line.startswith("fpdgd_vs_foltres-mslr-like-")]
+    assert len(mslr) == 3 and all("--set dataset.profile=mslr-like" in line for line in mslr)
 
 
 @pytest.mark.parametrize(
@@ -58,6 +60,7 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
         ('file = "s.toml"\nwhen = 1', "run 1: unknown key 'when'"),
         ('file = "s.toml"\nset = ["rounds"]', 'run 1: set must be a list of "key=value"'),
         ('file = "s.toml"\n[[run]]\nfile = "s.toml"', "run 's' is planned twice"),
+        ('name = "a/b"\nfile = "s.toml"', "run 1: name must name one folder"),
     ],
 )
 def test_a_bad_plan_is_one_line_and_exit_2(tmp_path, entry, message):

@@ -54,6 +54,17 @@ def test_set_overrides_every_variant_and_parses_toml_values(tmp_path):
     assert sc.seed == 9
 
 
+def test_a_profile_override_replaces_the_file_s_real_data_path_and_folds(tmp_path):
+    real = BASE.replace(
+        "[federation]", '[dataset]\npath = "MQ2008"\nfolds = [1, 2, 3]\n[federation]'
+    )
+    assert load_scenario(write(tmp_path, real)).repeats == 6  # 2 seeds x 3 folds
+    sc = load_scenario(write(tmp_path, real), ["dataset.profile=mslr-like", "scenario.repeats=5"])
+    assert (sc.folds, sc.repeats) == ((), 5)
+    for cfg in sc.variants.values():
+        assert cfg["dataset"]["profile"] == "mslr-like" and cfg["dataset"]["path"] is None
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -62,7 +62,7 @@ def load_plan(path: Path) -> list[Run]:
     runs: list[Run] = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: run {i}"
-        unknown = set(entry) - {"file", "clicks", "set"}
+        unknown = set(entry) - {"name", "file", "clicks", "set"}
         if unknown:
             fail(f"{where}: unknown key {sorted(unknown)[0]!r}")
         file = Path(str(entry.get("file", "")))
@@ -75,8 +75,11 @@ def load_plan(path: Path) -> list[Run]:
         sets = entry.get("set", [])
         if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
             fail(f'{where}: set must be a list of "key=value" strings')
+        stem = str(entry.get("name", file.stem))
+        if not stem or not stem.isprintable() or any(c in stem for c in "/\\"):
+            fail(f"{where}: name must name one folder (no '/')")
         for click in clicks:
-            name = file.stem if click is None else f"{file.stem}-{click}"
+            name = stem if click is None else f"{stem}-{click}"
             extra = () if click is None else (f"clicks.model={click}",)
             runs.append(Run(name, file, (*extra, *sets)))
     names = [r.name for r in runs]

@@ -179,6 +179,10 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
             raise fail(where, f"variants.{key_text(name)}", "a table of overrides", over)
         _deep_merge(merged, over)
         for keys, value in sets:
+            if keys == ["dataset", "profile"] and isinstance(merged.get("dataset"), dict):
+                # a profile replaces the file's data: its path and folds go with it
+                merged["dataset"].pop("path", None)
+                merged["dataset"].pop("folds", None)
             _set_path(merged, keys)[keys[-1]] = value
         _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
