@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import config
 from numba.extending import intrinsic
 
-__all__ = ["draw", "generator_pointers", "step"]
+__all__ = ["draw", "generator_pointers", "pair_weights", "step"]
 
 
 def _jit(fn):
@@ -243,6 +243,89 @@ def _pairwise_sum(a, n):
 
 
 @_jit
+def _log_rest(scores, go, n, top_i, m, is_shown):
+    """log sum of exp(score) over the query's documents not shown (``-inf`` when all are):
+    scores at ``scores[go:go + n]``, the shown ones ``top_i[:m]``; ``is_shown`` (at least n,
+    all False) is left all False."""
+    if n <= m:
+        return -np.inf
+    for i in range(m):
+        is_shown[top_i[i]] = True
+    top = -np.inf
+    for i in range(n):
+        if not is_shown[i]:
+            top = max(top, scores[go + i])
+    total = 0.0
+    for i in range(n):
+        if not is_shown[i]:
+            total += np.exp(scores[go + i] - top)
+    for i in range(m):
+        is_shown[top_i[i]] = False
+    return top + np.log(total)
+
+
+@_jit
+def _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef):
+    """PDGD's weight of each of the ``m`` shown positions (``coef[:m]``) from their scores
+    ``shown``, the clicks and ``log_rest`` (``_log_rest``); ``log_d`` and ``ratio`` are work
+    space of at least ``m`` and ``m x m``."""
+    acc = shown[m - 1]
+    log_d[m - 1] = _logaddexp(acc, log_rest)
+    for p in range(m - 2, -1, -1):
+        acc = _logaddexp(acc, shown[p])
+        log_d[p] = _logaddexp(acc, log_rest)
+
+    # Pairs: each click over every unclicked position up to one below the last click;
+    # rho = 1 / (1 + prod_{lo < p <= hi} (1 + ratio[lo, p] - ratio[hi, p])) (module doc of
+    # pdgd_batch: the product is P(shown) / P(swapped)).
+    upto = min(last_click + 2, m)
+    for i in range(upto):
+        for p in range(1, upto):
+            ratio[i, p] = np.exp(shown[i] - log_d[p])
+    coef[:m] = 0.0
+    for a in range(upto):
+        if not clicked[a]:
+            continue
+        for b in range(upto):
+            if clicked[b]:
+                continue
+            lo, hi = min(a, b), max(a, b)
+            odds = 1.0
+            for p in range(lo + 1, hi + 1):
+                # below 0 only by rounding, when shown[hi] dominates D(p)
+                odds *= max(1.0 + (ratio[lo, p] - ratio[hi, p]), 0.0)
+            rho = 1.0 / (1.0 + odds)
+            e = np.exp(-abs(shown[a] - shown[b]))
+            pw = e / (1.0 + e) ** 2 * rho
+            coef[a] += pw
+            coef[b] -= pw
+
+
+@_jit
+def pair_weights(scores, ranking, clicks):
+    """Per-document PDGD weights of one displayed ranking, for any ranker's ``grad``: what
+    ``pdgd.pair_weights`` computes, with the batched path's closed-form debiasing (equal up to
+    float rounding). ``scores`` float64 of every document, ``ranking`` int64, ``clicks`` bool."""
+    n, m = scores.size, ranking.size
+    out = np.zeros(n)
+    last_click = -1
+    for i in range(m):
+        if clicks[i]:
+            last_click = i
+    if last_click < 0:
+        return out
+    shown = np.empty(m)
+    for i in range(m):
+        shown[i] = scores[ranking[i]]
+    log_rest = _log_rest(scores, 0, n, ranking, m, np.zeros(n, dtype=np.bool_))
+    coef = np.empty(m)
+    _coefficients(shown, clicks, m, last_click, log_rest, np.empty(m), np.empty((m, m)), coef)
+    for i in range(m):
+        out[ranking[i]] = coef[i]
+    return out
+
+
+@_jit
 def step(
     s,
     query,
@@ -344,53 +427,10 @@ def step(
         # log D(p): the shown documents at positions >= p plus every document not shown.
         for i in range(m):
             shown[i] = scores[go + top_i[i]]
-        log_rest = -np.inf
-        if n > m:
-            if is_shown.size < n:
-                is_shown = np.zeros(n, dtype=np.bool_)
-            for i in range(m):
-                is_shown[top_i[i]] = True
-            top = -np.inf
-            for i in range(n):
-                if not is_shown[i]:
-                    top = max(top, scores[go + i])
-            total = 0.0
-            for i in range(n):
-                if not is_shown[i]:
-                    total += np.exp(scores[go + i] - top)
-            log_rest = top + np.log(total)
-            for i in range(m):
-                is_shown[top_i[i]] = False
-        acc = shown[m - 1]
-        log_d[m - 1] = _logaddexp(acc, log_rest)
-        for p in range(m - 2, -1, -1):
-            acc = _logaddexp(acc, shown[p])
-            log_d[p] = _logaddexp(acc, log_rest)
-
-        # Pairs: each click over every unclicked position up to one below the last click;
-        # rho = 1 / (1 + prod_{lo < p <= hi} (1 + ratio[lo, p] - ratio[hi, p])) (module doc of
-        # pdgd_batch: the product is P(shown) / P(swapped)).
-        upto = min(last_click + 2, m)
-        for i in range(upto):
-            for p in range(1, upto):
-                ratio[i, p] = np.exp(shown[i] - log_d[p])
-        coef[:m] = 0.0
-        for a in range(upto):
-            if not clicked[a]:
-                continue
-            for b in range(upto):
-                if clicked[b]:
-                    continue
-                lo, hi = min(a, b), max(a, b)
-                odds = 1.0
-                for p in range(lo + 1, hi + 1):
-                    # below 0 only by rounding, when shown[hi] dominates D(p)
-                    odds *= max(1.0 + (ratio[lo, p] - ratio[hi, p]), 0.0)
-                rho = 1.0 / (1.0 + odds)
-                e = np.exp(-abs(shown[a] - shown[b]))
-                pw = e / (1.0 + e) ** 2 * rho
-                coef[a] += pw
-                coef[b] -= pw
+        if n > m and is_shown.size < n:
+            is_shown = np.zeros(n, dtype=np.bool_)
+        log_rest = _log_rest(scores, go, n, top_i, m, is_shown)
+        _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef)
 
         # Linear gradient (coefficient-weighted shown documents), step, DP clipping.
         grad[:] = 0.0
