@@ -56,6 +56,19 @@ def test_each_client_is_charged_for_the_rounds_it_took_part_in():
     assert rep["run"]["sampling_probability"] == pytest.approx(5 / 12)
 
 
+def test_a_huge_epsilon_is_accounted_without_the_pld_grid():
+    """epsilon 1e12 (clipping without noise) once asked the PLD library for 1.4 PiB after a
+    run's training: basic and RDP are reported, PLD is None, at once."""
+    huge = laplace(1e12)
+    out = composed(huge, 1000, 1e-5)
+    assert out["basic"] == pytest.approx(1e15) and out["pld"] is None and out["rdp"] > 1e11
+    amp = sampled(huge, 1000, 0.25, 1e-5)
+    assert amp["pld_sampled"] is None
+    assert amp["basic_sampled"] == pytest.approx(1000 * (1e12 + math.log(0.25)))
+    rep = account(huge, {1: ["a"], 2: ["a", "b"]}, ["a", "b"], [2], 1e-5)
+    assert rep["run"]["pld"] is None and rep["run"]["pld_sampled"] is None
+
+
 SCENARIO = """
 [scenario]
 seed = 2

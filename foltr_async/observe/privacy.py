@@ -33,6 +33,10 @@ from functools import lru_cache
 from foltr_async.errors import FoltrError
 
 PLD_GRID = 0.01
+#: Laplace releases above this epsilon get no PLD figure: the library's grid would need ~2 eps /
+#: PLD_GRID points (a run with epsilon 1e12, i.e. clipping without noise, asked for 1.4 PiB)
+#: and such a release protects nothing a figure could show. Basic composition and RDP remain.
+PLD_MAX_EPSILON = 100.0
 ACCOUNTANTS = ("basic", "rdp", "pld")
 
 
@@ -90,9 +94,11 @@ def composed(mech: Mechanism, n: int, delta: float) -> dict[str, float | None]:
     out: dict[str, float | None] = {"basic": n * mech.epsilon}
     if mech.kind == "laplace":
         event, rel = dp.LaplaceDpEvent(1.0 / mech.epsilon), Rel.ADD_OR_REMOVE_ONE
-        dist = pld.from_laplace_mechanism(
-            1.0 / mech.epsilon, value_discretization_interval=PLD_GRID
-        )
+        dist = None
+        if mech.epsilon <= PLD_MAX_EPSILON:
+            dist = pld.from_laplace_mechanism(
+                1.0 / mech.epsilon, value_discretization_interval=PLD_GRID
+            )
     else:
         if mech.p < 1.0 / mech.k:  # the library's parameterisation needs p >= 1/k
             return {**out, "rdp": None, "pld": None}
@@ -104,20 +110,24 @@ def composed(mech: Mechanism, n: int, delta: float) -> dict[str, float | None]:
     rdp = Rdp(neighboring_relation=rel)
     rdp.compose(event, n)
     out["rdp"] = float(rdp.get_epsilon(delta))
-    out["pld"] = float(dist.self_compose(n).get_epsilon_for_delta(delta))
+    out["pld"] = None if dist is None else float(dist.self_compose(n).get_epsilon_for_delta(delta))
     return out
 
 
 @lru_cache(maxsize=256)
-def sampled(mech: Mechanism, rounds: int, q: float, delta: float) -> dict[str, float]:
+def sampled(mech: Mechanism, rounds: int, q: float, delta: float) -> dict[str, float | None]:
     """Every round a Poisson-sampled release with probability q: basic and PLD epsilon."""
     _, pld, _, _ = _library()
-    basic = rounds * math.log1p(q * math.expm1(mech.epsilon))
+    eps = mech.epsilon
+    # log(1 + q (e^eps - 1)), without overflow for large eps
+    per_round = math.log1p(q * math.expm1(eps)) if eps < 700 else eps + math.log(q)
+    if eps > PLD_MAX_EPSILON:
+        return {"basic_sampled": rounds * per_round, "pld_sampled": None}
     dist = pld.from_laplace_mechanism(
-        1.0 / mech.epsilon, value_discretization_interval=PLD_GRID, sampling_prob=q
+        1.0 / eps, value_discretization_interval=PLD_GRID, sampling_prob=q
     )
     return {
-        "basic_sampled": basic,
+        "basic_sampled": rounds * per_round,
         "pld_sampled": float(dist.self_compose(rounds).get_epsilon_for_delta(delta)),
     }
 
