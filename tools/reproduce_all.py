@@ -9,8 +9,9 @@ output in ``OUT/<name>.log``. A run whose folder already holds ``results.json`` 
 an interrupted night resumes where it stopped; a folder left without one (the run was killed)
 is kept, renamed ``<name>.incomplete-N``, and the run starts again. ``OUT/runs.jsonl`` records
 every run's wall time, CPU time, exit code and the load average around it; ``OUT/REPORT.md``
-holds ``tools/repro_table.py``'s table of every finished run. A failed run does not stop the
-others; the exit code is 1 when any failed, 2 on a bad plan or argument.
+holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
+A failed run does not stop the others; the exit code is 1 when any failed, 2 on a bad plan or
+argument.
 """
 
 from __future__ import annotations
@@ -183,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    runs = load_plan(args.plan_file)
+    plan = runs = load_plan(args.plan_file)
     if args.only:
-        runs = [r for r in runs if any(r.name.startswith(o) for o in args.only)]
+        runs = [r for r in plan if any(r.name.startswith(o) for o in args.only)]
         if not runs:
             fail(f"--only {args.only}: no run of the plan starts so")
     if args.plan:
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(run.name)
         status = "ok" if rec["exit_code"] == 0 else f"FAILED (exit {rec['exit_code']})"
         print(f"{head}: {status}, wall {rec['wall_s']} s, CPU {rec['cpu_s']} s", flush=True)
-    report = write_report(args.out, runs)
+    report = write_report(args.out, plan)  # every finished run of the plan, not only these
     print(f"report: {report}")
     if failed:
         print(f"error: {len(failed)} run(s) failed: {', '.join(failed)} (see their .log)")
