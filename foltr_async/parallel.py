@@ -66,6 +66,13 @@ def run_jobs(jobs: list[Job], n: int, executor: str = "local") -> Iterator[tuple
         try:
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
+        except cf.process.BrokenProcessPool:
+            left = sorted({f"{futures[f][2]} repeat {futures[f][0]}" for f in futures
+                           if not (f.done() and f.exception() is None)})  # fmt: skip
+            raise FoltrError(
+                f"--jobs: a job process died abruptly (killed; out of memory?) with {len(left)}"
+                f" job(s) unfinished, e.g. {', '.join(left[:3])}; the finished repeats are kept"
+            ) from None
         except BaseException:
             for fut in futures:
                 fut.cancel()

@@ -65,6 +65,25 @@ def test_bad_job_counts_and_executors_are_one_line_errors():
         list(run_jobs([(0, 1, "a", {})], 2, "dask"))
 
 
+def test_a_killed_job_process_is_one_line_naming_unfinished_jobs(tmp_path):
+    """The out-of-memory killer took a pool worker in a long run: one line, not a traceback,
+    after the results that finished were handed over."""
+    import multiprocessing
+    import os
+    import signal
+
+    path = tmp_path / "par.toml"
+    path.write_text(SCENARIO.replace("rounds = 6", "rounds = 60"))
+    sc = load_scenario(path)
+    jobs = [(r, sc.seed + r, name, cfg) for name, cfg in sc.variants.items() for r in range(2)]
+    results = run_jobs(jobs, 2)
+    assert next(results)[1]  # one job done: the pool is up
+    for child in multiprocessing.active_children():
+        os.kill(child.pid, signal.SIGKILL)
+    with pytest.raises(FoltrError, match=r"--jobs: a job process died abruptly .* unfinished"):
+        list(results)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is not installed (optional extra: pip install 'foltr-async[ray]')",
