@@ -78,7 +78,9 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
         '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect", "navigational"]\n'
         '[[run]]\nfile = "broken.toml"\n'
     )
-    (tmp_path / "out" / "tiny-navigational").mkdir(parents=True)  # a run killed earlier
+    killed = tmp_path / "out" / "tiny-navigational"  # a run killed earlier, partial results
+    killed.mkdir(parents=True)
+    (killed / "results.json").write_text('{"complete": false, "variants": {}}')
     first = tool("--plan-file", "plan.toml", "--out", "out", "--jobs", "2", cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "1 run(s) failed: broken" in first.stdout

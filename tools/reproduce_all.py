@@ -5,10 +5,11 @@
     python tools/reproduce_all.py --only fpdgd_dp --jobs 2  # runs whose name starts so
 
 Each run goes to ``OUT/<name>/`` (``--out``, default ``results/reproduce``) with its console
-output in ``OUT/<name>.log``. A run whose folder already holds ``results.json`` is skipped, so
-an interrupted night resumes where it stopped; a folder left without one (the run was killed)
-is kept, renamed ``<name>.incomplete-N``, and the run starts again. ``OUT/runs.jsonl`` records
-every run's wall time, CPU time, exit code and the load average around it; ``OUT/REPORT.md``
+output in ``OUT/<name>.log``. A run whose folder holds a complete ``results.json`` is skipped,
+so an interrupted night resumes where it stopped; a folder without one (the run was killed or
+failed part-way) is kept, renamed ``<name>.incomplete-N``, and the run starts again.
+``OUT/runs.jsonl`` records every run's wall time, CPU time, exit code and the load average
+around it; ``OUT/REPORT.md``
 holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
 A failed run does not stop the others; the exit code is 1 when any failed, 2 on a bad plan or
 argument.
@@ -90,6 +91,14 @@ def load_plan(path: Path) -> list[Run]:
     return runs
 
 
+def finished(folder: Path) -> bool:
+    """Whether the run in ``folder`` completed (a failed run may leave partial results)."""
+    try:
+        return json.loads((folder / "results.json").read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def set_aside(folder: Path) -> Path:
     """A killed run's folder, renamed out of the way (never deleted)."""
     n = 1
@@ -146,7 +155,7 @@ def write_report(out: Path, runs: list[Run]) -> Path:
     parts = ["# Reproduction report", ""]
     for run in runs:
         folder = out / run.name
-        if not (folder / "results.json").exists():
+        if not finished(folder):
             continue
         rec = records.get(run.name, {})
         parts += [f"## {run.name}", ""]
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"--only {args.only}: no run of the plan starts so")
     if args.plan:
         for run in runs:
-            done = (args.out / run.name / "results.json").exists()
+            done = finished(args.out / run.name)
             cmd = " ".join(run.command(args.out / run.name, args.jobs, args.set)[1:])
             print(f"{run.name:34} {'done  ' if done else 'to run'}  python {cmd}")
         return 0
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, run in enumerate(runs, 1):
         folder = args.out / run.name
         head = f"[{i}/{len(runs)}] {run.name}"
-        if (folder / "results.json").exists():
+        if finished(folder):
             print(f"{head}: done before, skipped", flush=True)
             continue
         if folder.exists():
