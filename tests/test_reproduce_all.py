@@ -81,11 +81,13 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
     killed = tmp_path / "out" / "tiny-navigational"  # a run killed earlier, partial results
     killed.mkdir(parents=True)
     (killed / "results.json").write_text('{"complete": false, "variants": {}}')
+    (tmp_path / "out" / "tiny-navigational.log").write_text("the killed run's output")
     first = tool("--plan-file", "plan.toml", "--out", "out", "--jobs", "2", cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "1 run(s) failed: broken" in first.stdout
     out = tmp_path / "out"
-    assert (out / "tiny-navigational.incomplete-1").is_dir()
+    aside = out / "tiny-navigational.incomplete-1"
+    assert (aside / "run.log").read_text() == "the killed run's output"
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert [(r["run"], r["exit_code"]) for r in records] == [
         ("tiny-perfect", 0),

@@ -100,11 +100,14 @@ def finished(folder: Path) -> bool:
 
 
 def set_aside(folder: Path) -> Path:
-    """A killed run's folder, renamed out of the way (never deleted)."""
+    """A killed run's folder, renamed out of the way with its log inside (never deleted)."""
     n = 1
     while (aside := folder.with_name(f"{folder.name}.incomplete-{n}")).exists():
         n += 1
     folder.rename(aside)
+    log = folder.with_name(f"{folder.name}.log")
+    if log.exists():
+        log.rename(aside / "run.log")
     return aside
 
 
