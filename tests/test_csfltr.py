@@ -211,8 +211,7 @@ def test_round_robin_passes_the_model_from_party_to_party(tmp_path, mode):
 
 def test_what_a_corpus_derives_is_freed_with_it():
     """Party texts, sketch indexes and the test set live on their corpus: dropping the corpus
-    frees them (caches keyed by the corpus held 16 old corpora in a pool worker: 10.4 GB after
-    12 jobs, and a 135-job run lost a worker to the kernel's out-of-memory killer)."""
+    frees them (caches keyed by the corpus kept up to 16 old corpora alive in a pool worker)."""
     import gc
     import weakref
 

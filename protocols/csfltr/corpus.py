@@ -4,8 +4,7 @@ test set.
 
 What is derived from a corpus is kept on the corpus object (``_on_corpus``), so it is freed
 with the corpus when ``_corpus``'s cache drops it: caches keyed by the corpus itself kept up to
-16 old corpora and their sketches alive in a long-lived pool worker (10.4 GB peak after 12
-CS-F-LTR jobs in one process; a worker was killed for memory in a 135-job run)."""
+16 old corpora and their sketches alive in a long-lived pool worker."""
 
 from __future__ import annotations
 
