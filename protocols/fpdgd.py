@@ -34,8 +34,13 @@ from dataclasses import replace
 import numpy as np
 
 from foltr_async.ltr.clicks import CascadeModel
-from foltr_async.ltr.pdgd import sample_ranking
-from foltr_async.ltr.pdgd_batch import LinearJob, compiled_gradient, prepare, train_linear_batch
+from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
+from foltr_async.ltr.pdgd_batch import (
+    LinearJob,
+    compiled_pair_weights,
+    prepare,
+    train_linear_batch,
+)
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
@@ -145,8 +150,8 @@ class LocalLearner:
             ranking = sample_ranking(scores, K, self.rng)
             clicks = self.users.show(q, ranking)
             if clicks.any():
-                theta = ranker.get_params() + self.lr * compiled_gradient(
-                    ranker, features, ranking, clicks, scores
+                theta = ranker.get_params() + self.lr * pdgd_gradient(
+                    ranker, features, ranking, clicks, scores, compiled_pair_weights
                 )
                 ranker.set_params(clip_norm(theta, self.bound) if self.dp else theta)
         return ranker.get_params()

@@ -72,8 +72,8 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import MODEL_NAMES, cascade
 from foltr_async.ltr.clicks import click_model as make_click_model
-from foltr_async.ltr.pdgd import pdgd_interaction, sample_ranking
-from foltr_async.ltr.pdgd_batch import compiled_gradient
+from foltr_async.ltr.pdgd import pdgd_gradient, pdgd_interaction, sample_ranking
+from foltr_async.ltr.pdgd_batch import compiled_pair_weights
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import handles
@@ -412,7 +412,9 @@ class RemedyLearner(LocalLearner):
             if not clicks.any() and self.mu == 0.0:
                 continue
             theta = ranker.get_params()
-            step = self.lr * compiled_gradient(ranker, features, ranking, clicks, scores)
+            step = self.lr * pdgd_gradient(
+                ranker, features, ranking, clicks, scores, compiled_pair_weights
+            )
             if self.mu:
                 step -= self.lr * self.mu * (theta - start)
             theta = theta + step

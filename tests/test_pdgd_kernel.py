@@ -267,7 +267,7 @@ def test_per_query_pair_weights_equal_the_reference_for_any_ranker(seed):
     reference's up to rounding, for short and long queries, score spreads up to thousands and
     every click pattern; through an MLP's grad the gradients agree too."""
     from foltr_async.ltr.pdgd import pair_weights
-    from foltr_async.ltr.pdgd_batch import compiled_gradient
+    from foltr_async.ltr.pdgd_batch import compiled_pair_weights
     from foltr_async.ltr.rankers import MLPRanker
 
     rng = np.random.default_rng(seed)
@@ -286,7 +286,7 @@ def test_per_query_pair_weights_equal_the_reference_for_any_ranker(seed):
     mlp_scores = mlp.score(features)
     want = pdgd_gradient(mlp, features, ranking, clicks, mlp_scores)
     np.testing.assert_allclose(
-        compiled_gradient(mlp, features, ranking, clicks, mlp_scores),
+        pdgd_gradient(mlp, features, ranking, clicks, mlp_scores, compiled_pair_weights),
         want,
         rtol=1e-9,
         atol=1e-9 * np.abs(want).max(initial=0) + 1e-20,

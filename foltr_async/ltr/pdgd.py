@@ -21,6 +21,8 @@ score range (no overflow, no cancellation).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from foltr_async.ltr.metrics import OnlineDiscounted, mean_ndcg
@@ -104,14 +106,17 @@ def pdgd_gradient(
     ranking: np.ndarray,
     clicks: np.ndarray,
     scores: np.ndarray,
+    weights: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> np.ndarray:
     """The PDGD ascent direction (flat, ``ranker.n_params``) for one displayed ranking.
 
-    ``scores`` are the ones the ranking was sampled from (all of the query's documents).
+    ``scores`` are the ones the ranking was sampled from (all of the query's documents);
+    ``weights(scores, ranking, clicks)`` computes the per-document pair weights (default
+    ``pair_weights``; the compiled twin is ``pdgd_batch.compiled_pair_weights``).
     """
     if not np.any(clicks):
         return np.zeros(ranker.n_params)
-    return ranker.grad(features, pair_weights(scores, ranking, clicks))
+    return ranker.grad(features, (weights or pair_weights)(scores, ranking, clicks))
 
 
 def pdgd_update(

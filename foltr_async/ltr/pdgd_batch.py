@@ -45,9 +45,9 @@ import numpy as np
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import Ranker, linear_scores
+from foltr_async.ltr.rankers import linear_scores
 
-__all__ = ["BatchResult", "LinearJob", "compiled_gradient", "prepare", "train_linear_batch"]
+__all__ = ["BatchResult", "LinearJob", "compiled_pair_weights", "prepare", "train_linear_batch"]
 
 SERP_LENGTH = 10
 
@@ -216,26 +216,20 @@ def train_linear_batch(
     return BatchResult(w, query, shown)
 
 
-def compiled_gradient(
-    ranker: Ranker,
-    features: np.ndarray,
-    ranking: np.ndarray,
-    clicks: np.ndarray,
-    scores: np.ndarray,
+def compiled_pair_weights(
+    scores: np.ndarray, ranking: np.ndarray, clicks: np.ndarray
 ) -> np.ndarray:
-    """``pdgd.pdgd_gradient`` with the pair weights from the kernel (equal up to float
-    rounding, 20-40x cheaper than the numpy version): the one-query-at-a-time path of what the
-    batched path does not cover (MLP rankers, non-cascade click models, FedProx and sharing)."""
-    if not np.any(clicks):
-        return np.zeros(ranker.n_params)
+    """``pdgd.pair_weights`` from the kernel (equal up to float rounding, 20-40x cheaper), for
+    ``pdgd.pdgd_gradient(..., weights=compiled_pair_weights)``: the one-query-at-a-time path of
+    what the batched path does not cover (MLP rankers, non-cascade click models, FedProx and
+    sharing)."""
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
-    weights = pdgd_kernel.pair_weights(
+    return pdgd_kernel.pair_weights(
         np.ascontiguousarray(scores, dtype=np.float64),
         np.ascontiguousarray(ranking, dtype=np.int64),
         np.ascontiguousarray(clicks, dtype=np.bool_),
     )
-    return ranker.grad(features, weights)
 
 
 def prepare() -> None:

@@ -122,9 +122,14 @@ class PartyIndex(PartyText):
     rtk: RTKSketch
 
 
+def _derived(corpus: TextCorpus) -> dict:
+    """The corpus's own memo (module doc); a frozen dataclass, so through its __dict__."""
+    return vars(corpus).setdefault("_derived", {})
+
+
 def _on_corpus(corpus: TextCorpus, key: tuple, make: Callable[[], T]) -> T:
-    """``make()`` once per (corpus, key), stored on the corpus (module doc)."""
-    memo = vars(corpus).setdefault("_derived", {})  # a frozen dataclass: its __dict__
+    """``make()`` once per (corpus, key), stored on the corpus."""
+    memo = _derived(corpus)
     if key not in memo:
         memo[key] = make()
     return memo[key]
@@ -161,7 +166,7 @@ def party_index(
     sketch's error, ||f||_2, and every RTK cell) and exact statistics of its full text.
     Only the latest sketch setting's indexes are kept (a sweep builds one per variant)."""
     setting = (hashes, k, alpha, stop)
-    memo = vars(corpus).setdefault("_derived", {})
+    memo = _derived(corpus)
     if memo.get("index_setting") != setting:
         memo["index_setting"], memo["index"] = setting, {}
     if p not in memo["index"]:
