@@ -29,6 +29,7 @@ from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import run_jobs
+from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
 from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.clock import run as run_loop
@@ -388,6 +389,8 @@ def _run_scenario(
                 asyncio.Runner(loop_factory=lambda t=start: VirtualTimeLoop(t)) as runner,
             ):
                 finish(name, rep, runner.run(sim.run()))
+            del sim
+            heap.release()
     else:
 
         class _StopOnCtrlC(Observer):

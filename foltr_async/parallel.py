@@ -33,6 +33,7 @@ def run_job(cfg: dict, seed: int, name: str, repeat: int) -> dict:
     from foltr_async.observe.log import configure_logging
     from foltr_async.observe.observer import Observers
     from foltr_async.registry import load_plugins
+    from foltr_async.runtime import heap
     from foltr_async.runtime.clock import VirtualTimeLoop
     from foltr_async.simulation import Simulation
 
@@ -41,7 +42,10 @@ def run_job(cfg: dict, seed: int, name: str, repeat: int) -> dict:
     load_plugins()  # a fresh process has not imported the protocols yet
     sim = Simulation(cfg, seed, Observers([]), name, repeat)
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(sim.run())
+        result = runner.run(sim.run())
+    del sim
+    heap.release()  # the worker runs the next job in the memory this one freed
+    return result
 
 
 def _args(job: Job) -> tuple[dict, int, str, int]:

@@ -89,6 +89,36 @@ def test_a_run_freezes_its_heap_while_it_plays_and_thaws_it_after(scenario_file)
     assert gc.get_threshold() == thresholds
 
 
+FRAGMENTS = """
+import numpy as np
+from foltr_async.runtime import heap
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+base = rss()
+big, small = [], []
+for _ in range(4000):  # 64 KB blocks (below the mmap threshold) pinned apart by small ones
+    big.append(np.ones(8192))
+    small.append(np.ones(4))
+del big
+kept = rss() - base
+heap.release()
+print(kept, rss() - base)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not Path("/proc/self/status").exists(),
+    reason="measures RSS from /proc; malloc_trim is glibc's",
+)
+def test_release_returns_a_finished_runs_freed_heap_pages_to_the_system():
+    out = subprocess.run(
+        [sys.executable, "-c", FRAGMENTS], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    kept, released = map(int, out.split())
+    assert kept > 200_000  # kB: glibc keeps the 256 MB the blocks were freed from
+    assert released < kept - 200_000
+
+
 def test_same_seed_gives_identical_results_and_another_seed_does_not(scenario_file):
     cfg = load_scenario(scenario_file).variants["fpdgd"]
     a, _ = simulate(cfg)
