@@ -129,15 +129,6 @@ def _rss_bytes() -> int:
         return _peak_rss_bytes()
 
 
-def _trim_heap() -> None:
-    """Give freed C heap back to the OS (glibc), so later allocations show up as RSS growth
-    instead of silently reusing what building the dataset left behind."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def _peak_rss_bytes() -> int:
     import resource
 
@@ -153,6 +144,7 @@ def memory_child(spec: dict) -> dict:
     from foltr_async import simulation
     from foltr_async.registry import REGISTRY, load_plugins
     from foltr_async.rng import stream
+    from foltr_async.runtime import heap
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.clock import run
     from foltr_async.runtime.network import NetworkModel
@@ -184,8 +176,7 @@ def memory_child(spec: dict) -> dict:
                 agents.append(agent)
             await asyncio.sleep(0)
 
-        gc.collect()
-        _trim_heap()
+        heap.release()  # later allocations show as RSS growth, not reuse of the dataset's
         rss0 = _rss_bytes()
         t0 = time.perf_counter()
         await add(range(n))

@@ -22,7 +22,7 @@ import ctypes.util
 import gc
 from functools import cache
 
-__all__ = ["freeze", "refreeze", "release", "thaw"]
+__all__ = ["freeze", "refreeze", "release", "thaw", "trim"]
 
 #: Allocations between two young collections while a run plays (Python's default: 700).
 YOUNG_THRESHOLD = 10_000
@@ -67,9 +67,14 @@ def _malloc_trim():
         return None
 
 
+def trim() -> None:
+    """Give the C heap's free pages back to the system (glibc; elsewhere nothing to do)."""
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
 def release() -> None:
     """A run is over and dropped: collect its cycles and return its free pages to the system."""
     gc.collect()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    trim()
