@@ -211,7 +211,7 @@ def _kernel_alone(train, clients: int, seed: int) -> dict:
     a round's batch (every client x 2 queries, each its own partition of the queries) and the
     one-job batches of staggered arrivals (1 client x 5 queries). Compiled before timing."""
     from foltr_async.ltr.clicks import cascade
-    from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+    from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch
 
     model = cascade("informational", int(train.max_grade) + 1)
     rng = np.random.default_rng(seed)
@@ -223,7 +223,7 @@ def _kernel_alone(train, clients: int, seed: int) -> dict:
         best = math.inf
         for _ in range(repeats):
             jobs = [
-                LinearJob(start, parts[j % len(parts)], steps, gens[j], model, 0.1)
+                PDGDJob(start, parts[j % len(parts)], steps, gens[j], model, 0.1)
                 for j in range(n_jobs)
             ]
             t0 = time.process_time()

@@ -16,14 +16,14 @@ unless a secure aggregation hides it.
 
 Local training time and batching: ``compute_time`` is the simulated time one local interaction
 takes, so a client replies ``B * compute_time`` simulated seconds after the model arrives (0 by
-default: at once). Clients with a linear ranker hand their training to the run's compute pool
-(``foltr_async.runtime.compute.BatchPool``), which trains every client with a pending job in one
-batched PDGD pass (``foltr_async.ltr.pdgd_batch``). Each client draws from its own generator
-exactly as the one-query-at-a-time path (``LocalLearner.train``, kept for MLP rankers and as the
-reference) does, so its weights and what its users were shown are the same up to float
-rounding; the probe orders the online metric by (round, client), so batching does not change it
-either. A client that crashes or leaves before its batch runs never shows its users those
-rankings.
+default: at once). Clients with a linear ranker or a one-hidden-layer MLP hand their training
+to the run's compute pool (``foltr_async.runtime.compute.BatchPool``), which trains every client
+with a pending job in one batched PDGD pass (``foltr_async.ltr.pdgd_batch``). Each client draws
+from its own generator exactly as the one-query-at-a-time path (``LocalLearner.train``, kept for
+deeper MLPs, other click models and as the reference) does, so its weights and what its users
+were shown are the same up to float rounding; the probe orders the online metric by (round,
+client), so batching does not change it either. A client that crashes or leaves before its
+batch runs never shows its users those rankings.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ import numpy as np
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
-    LinearJob,
+    PDGDJob,
     compiled_pair_weights,
     prepare,
     train_linear_batch,
+    train_mlp_batch,
 )
-from foltr_async.ltr.rankers import LinearRanker
+from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.observe.privacy import account, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
@@ -156,10 +157,10 @@ class LocalLearner:
                 ranker.set_params(clip_norm(theta, self.bound) if self.dp else theta)
         return ranker.get_params()
 
-    def job(self, start: np.ndarray, n: int) -> LinearJob:
-        """``train(start, n)`` as a job for the batched path (linear rankers only)."""
+    def job(self, start: np.ndarray, n: int) -> PDGDJob:
+        """``train(start, n)`` as a job for the batched path (``batch_kind``)."""
         users = self.users
-        return LinearJob(
+        return PDGDJob(
             start,
             users.queries,
             n,
@@ -197,8 +198,7 @@ class FPDGDClient(Agent):
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
         self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
-        linear = isinstance(self.learner.ranker, LinearRanker)
-        self.pool = train_pool(ctx) if linear else None
+        self.pool = train_pool(ctx) if batch_kind(self.learner.ranker) else None
 
     async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
         """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
@@ -245,20 +245,35 @@ class FPDGDClient(Agent):
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
 
 
-def _train_jobs(jobs: list[tuple[LocalLearner, LinearJob]]) -> list[np.ndarray]:
+def batch_kind(ranker) -> tuple | None:
+    """Which batched trainer a ranker's learner goes to: ("linear",), ("mlp", hidden units)
+    for a one-hidden-layer MLP, None for the one-query-at-a-time path."""
+    if isinstance(ranker, LinearRanker):
+        return ("linear",)
+    if isinstance(ranker, MLPRanker) and len(ranker.hidden) == 1:
+        return ("mlp", ranker.hidden[0])
+    return None
+
+
+def _train_jobs(jobs: list[tuple[LocalLearner, PDGDJob]]) -> list[np.ndarray]:
     """The pool's batch function: every learner's interactions at once, as ``train`` would.
 
     What ``train`` does through ``Users`` happens here for the whole batch: each shown ranking's
     nDCG goes to the probe, issued queries to ``users.issued`` when it is logging, and each
     learner's ranker ends at its new weights.
     """
-    by_data: dict[int, list[int]] = {}  # one batch per training set (one per run in practice)
+    groups: dict[tuple, list[int]] = {}  # one batch per training set and ranker kind
     for i, (learner, _) in enumerate(jobs):
-        by_data.setdefault(id(learner.users.train), []).append(i)
+        key = (id(learner.users.train), batch_kind(learner.ranker))
+        groups.setdefault(key, []).append(i)
     out: list[np.ndarray] = [np.empty(0)] * len(jobs)
-    for idx in by_data.values():
+    for (_, kind), idx in groups.items():
         learners = [jobs[i][0] for i in idx]
-        res = train_linear_batch(learners[0].users.train, [jobs[i][1] for i in idx])
+        train, batch = learners[0].users.train, [jobs[i][1] for i in idx]
+        if kind[0] == "linear":
+            res = train_linear_batch(train, batch)
+        else:
+            res = train_mlp_batch(train, batch, kind[1])
         for i, learner, w, queries, shown in zip(
             idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), strict=True
         ):
@@ -274,7 +289,7 @@ def _train_jobs(jobs: list[tuple[LocalLearner, LinearJob]]) -> list[np.ndarray]:
 
 
 def train_pool(ctx: RunContext) -> BatchPool:
-    """The run's one pool batching FPDGD clients' local training (linear rankers)."""
+    """The run's one pool batching FPDGD clients' local training (``batch_kind``)."""
     return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs, prepare=prepare))
 
 

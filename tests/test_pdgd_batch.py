@@ -8,7 +8,7 @@ import pytest
 import protocols.fpdgd as fpdgd
 from foltr_async.ltr import pdgd_batch
 from foltr_async.ltr.clicks import cascade
-from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch, train_mlp_batch
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY
@@ -31,8 +31,9 @@ def make_queryset(n_grades: int, seed: int = 0) -> QuerySet:
     return QuerySet(features, labels, qptr, np.array([f"q{i}" for i in range(len(sizes))]))
 
 
-def make_ctx(train: QuerySet, n_grades: int, **params) -> RunContext:
-    cfg = validate({"federation": {"protocol": "fpdgd", "params": params}}, "test")
+def make_ctx(train: QuerySet, n_grades: int, ranker: dict | None = None, **params) -> RunContext:
+    raw = {"federation": {"protocol": "fpdgd", "params": params}, "ranker": ranker or {}}
+    cfg = validate(raw, "test")
     return RunContext(
         cfg,
         0,
@@ -135,6 +136,40 @@ def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, alo
     assert moved > len(cases) // 3  # many learned something (extreme spreads give ~0 weights)
 
 
+@pytest.mark.parametrize("hidden", [1, 16])
+@pytest.mark.parametrize(("n_grades", "dp", "lr"), [(3, False, 0.1), (5, True, 0.5)])
+def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
+    train = make_queryset(n_grades, seed=2)
+    ctx = make_ctx(train, n_grades, {"kind": "mlp", "hidden": [hidden]}, dp=dp, lr=lr)
+    cases = random_cases(train, n_grades, 60, seed=5 + hidden)
+    init = np.random.default_rng(hidden)
+    n_params = N_FEATURES * hidden + 2 * hidden
+    starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
+    seq = [learner(ctx, q, 500 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    bat = [learner(ctx, q, 500 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    assert fpdgd.batch_kind(bat[0].ranker) == ("mlp", hidden)
+    expected = [lrn.train(w, n) for lrn, w, (_, n, _, _) in zip(seq, starts, cases, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = train_mlp_batch(
+            train,
+            [lrn.job(w, n) for lrn, w, (_, n, _, _) in zip(bat, starts, cases, strict=True)],
+            hidden,
+        )
+    moved = 0
+    for j, (s, b, w, (_, n, _, _)) in enumerate(zip(seq, bat, starts, cases, strict=True)):
+        assert s.rng.bit_generator.state == b.rng.bit_generator.state, j
+        np.testing.assert_allclose(res.weights[j], expected[j], rtol=1e-9, atol=1e-12)
+        assert res.queries[j, :n].tolist() == s.users.issued
+        np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
+        moved += not np.array_equal(res.weights[j], w)
+    assert moved > len(cases) // 3
+    deeper = fpdgd.batch_kind(make_ctx(train, 3, {"kind": "mlp", "hidden": [4, 4]}).new_ranker())
+    assert deeper is None  # two hidden layers: one query at a time
+    with pytest.raises(ValueError, match="MLP with 16 hidden"):
+        train_mlp_batch(train, [bat[0].job(np.zeros(5), 1)], 16)
+
+
 def test_clicks_regimes_no_click_all_click_and_short_lists():
     train = make_queryset(3)
     ctx = make_ctx(train, 3, lr=1.0)
@@ -191,7 +226,7 @@ def test_empty_batch_and_bad_input():
     res = train_linear_batch(train, [])
     assert res.weights.shape == (0, N_FEATURES) and res.ndcg.shape == (0, 0)
     rng = np.random.default_rng(0)
-    job = LinearJob(np.zeros(N_FEATURES + 1), np.arange(3), 1, rng, cascade("perfect", 3), 0.1)
+    job = PDGDJob(np.zeros(N_FEATURES + 1), np.arange(3), 1, rng, cascade("perfect", 3), 0.1)
     with pytest.raises(ValueError, match="weights"):
         train_linear_batch(train, [job])
 
@@ -207,9 +242,7 @@ def test_batched_pdgd_learns_on_real_data(mq2008_dir):
     w = np.zeros(train.n_features)
     for _ in range(40):  # 40 rounds of 20 clients x 5 queries, FedAvg of the local weights
         jobs = [
-            LinearJob(
-                w, rng.choice(train.n_queries, 30), 5, np.random.default_rng(seed), model, 0.1
-            )
+            PDGDJob(w, rng.choice(train.n_queries, 30), 5, np.random.default_rng(seed), model, 0.1)
             for seed in rng.integers(2**32, size=20)
         ]
         w = train_linear_batch(train, jobs).weights.mean(axis=0)
@@ -245,13 +278,22 @@ def simulate(cfg, batched: bool, monkeypatch):
     return result, sim
 
 
-@pytest.mark.parametrize(("dp", "staggered"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("dp", "staggered", "ranker"),
+    [
+        (False, False, None),
+        (True, False, None),
+        (False, True, None),
+        (False, False, {"kind": "mlp", "hidden": [16]}),
+        (True, True, {"kind": "mlp", "hidden": [16]}),
+    ],
+)
 def test_fpdgd_run_is_the_same_batched_or_one_client_at_a_time(
-    mq2008_dir, monkeypatch, dp, staggered
+    mq2008_dir, monkeypatch, dp, staggered, ranker
 ):
     # staggered: lognormal latencies, so models arrive one by one and batches are tiny
     net = {"latency": {"kind": "lognormal", "median": 1.0, "sigma": 0.5}} if staggered else None
-    cfg = scenario(mq2008_dir, {"dp": dp}, network=net)
+    cfg = scenario(mq2008_dir, {"dp": dp}, ranker, network=net)
     a, sim = simulate(cfg, True, monkeypatch)
     b, _ = simulate(cfg, False, monkeypatch)
     pool = sim.ctx.shared("fpdgd.train_pool", lambda: None)

@@ -9,7 +9,7 @@ from foltr_async.ltr import pdgd_kernel
 from foltr_async.ltr.clicks import CascadeModel, cascade
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.ltr.pdgd_batch import LinearJob, train_linear_batch
+from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker
 from tests.test_pdgd_batch import make_queryset
@@ -80,7 +80,7 @@ def one_hot_queryset(n_grades: int) -> QuerySet:
     return QuerySet(features, labels, qptr, np.array([f"q{i}" for i in range(sizes.size)]))
 
 
-def reference(train, job: LinearJob, k: int):
+def reference(train, job: PDGDJob, k: int):
     """The one-query-at-a-time PDGD of ``pdgd.py`` (LocalLearner.train at any ``k``)."""
     ranker = LinearRanker(train.n_features)
     ranker.set_params(job.weights)
@@ -133,7 +133,7 @@ def test_kernel_equals_the_reference_pdgd(k, n_grades, data):
 
     def jobs():
         return [
-            LinearJob(w, q, n, np.random.default_rng(5000 + j), m, lr, clip)
+            PDGDJob(w, q, n, np.random.default_rng(5000 + j), m, lr, clip)
             for j, (w, q, n, m, lr, clip) in enumerate(specs)
         ]
 
@@ -157,25 +157,23 @@ def test_degenerate_batches():
     # no steps at all: weights come back, no query issued, nothing drawn
     rng = np.random.default_rng(0)
     before = rng.bit_generator.state
-    res = train_linear_batch(train, [LinearJob(start, np.arange(3), 0, rng, model, 0.1)] * 2)
+    res = train_linear_batch(train, [PDGDJob(start, np.arange(3), 0, rng, model, 0.1)] * 2)
     assert res.queries.shape == (2, 0) and res.ndcg.shape == (2, 0)
     assert np.array_equal(res.weights, [start, start]) and rng.bit_generator.state == before
     # a job with no queries may run no step; one that must draw raises (as integers(0) does)
-    idle = LinearJob(start, np.zeros(0, dtype=np.int64), 0, rng, model, 0.1)
+    idle = PDGDJob(start, np.zeros(0, dtype=np.int64), 0, rng, model, 0.1)
     assert np.array_equal(train_linear_batch(train, [idle]).weights[0], start)
     with pytest.raises(ValueError, match="queries"):
-        train_linear_batch(train, [LinearJob(start, np.zeros(0), 1, rng, model, 0.1)])
+        train_linear_batch(train, [PDGDJob(start, np.zeros(0), 1, rng, model, 0.1)])
     # only the empty query: nothing shown, nDCG 0, no update
-    res = train_linear_batch(train, [LinearJob(start, np.array([0]), 3, rng, model, 0.1)])
+    res = train_linear_batch(train, [PDGDJob(start, np.array([0]), 3, rng, model, 0.1)])
     assert res.ndcg.tolist() == [[0.0] * 3] and np.array_equal(res.weights[0], start)
     with pytest.raises(IndexError, match="query"):
-        train_linear_batch(
-            train, [LinearJob(start, np.array([train.n_queries]), 1, rng, model, 0.1)]
-        )
+        train_linear_batch(train, [PDGDJob(start, np.array([train.n_queries]), 1, rng, model, 0.1)])
     with pytest.raises(TypeError, match="cascade"):
-        train_linear_batch(train, [LinearJob(start, np.array([1]), 1, rng, object(), 0.1)])
+        train_linear_batch(train, [PDGDJob(start, np.array([1]), 1, rng, object(), 0.1)])
     with pytest.raises(ValueError, match="k must"):
-        train_linear_batch(train, [LinearJob(start, np.array([1]), 1, rng, model, 0.1)], k=0)
+        train_linear_batch(train, [PDGDJob(start, np.array([1]), 1, rng, model, 0.1)], k=0)
 
 
 def test_uncachable_functions_still_compile():
@@ -234,7 +232,7 @@ def run_small() -> np.ndarray:
     train = make_queryset(5, seed=2)
     model = cascade("informational", 5)
     jobs = [
-        LinearJob(
+        PDGDJob(
             np.full(train.n_features, 0.3), np.arange(3, 12), 3, np.random.Generator(bg), model, 0.5
         )
         for bg in (np.random.PCG64(1), np.random.MT19937(2))
@@ -249,7 +247,7 @@ def test_prepare_loads_what_real_data_calls():
     prepare()
     compiled = (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures))
     train = make_queryset(3)  # float32 features and int8 labels, as the loaders make
-    job = LinearJob(
+    job = PDGDJob(
         np.zeros(train.n_features),
         np.arange(4),
         2,

@@ -1,4 +1,5 @@
-"""PDGD for many independent linear learners at once: FPDGD's local training, batched.
+"""PDGD for many independent learners at once (linear rankers, and MLPs of one hidden layer):
+FPDGD's local training, batched.
 
 A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
 each: its own weights, queries, click model and ``numpy.random.Generator``) advance together,
@@ -22,6 +23,9 @@ Scoring is one ``features[query] @ weights`` per job on the query's contiguous d
 the same numpy product as ``LinearRanker.score``, so the scores, and with them the rankings,
 are bit-identical to the reference's. (It is memory bound: a float64 copy of the features reads
 twice the bytes and was no faster; a compiled dot product would sum in another order than BLAS.)
+A one-hidden-layer MLP (``train_mlp_batch``) is scored the same way, ``MLPRanker.score``'s
+numpy products per job, so its rankings are the reference's too; its backward pass runs in the
+kernel and sums in another order than BLAS, so its weights match to float rounding.
 
 Debiasing without the swapped rankings. With ``D(p)`` the sum of ``exp(score)`` over the
 documents not placed before position ``p`` (see ``foltr_async.ltr.pdgd``), swapping the
@@ -47,7 +51,14 @@ from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import linear_scores
 
-__all__ = ["BatchResult", "LinearJob", "compiled_pair_weights", "prepare", "train_linear_batch"]
+__all__ = [
+    "BatchResult",
+    "PDGDJob",
+    "compiled_pair_weights",
+    "prepare",
+    "train_linear_batch",
+    "train_mlp_batch",
+]
 
 SERP_LENGTH = 10
 
@@ -86,8 +97,9 @@ def _data(qs: QuerySet, k: int) -> _Data:
 
 
 @dataclass(eq=False)
-class LinearJob:
-    """One learner's local training: ``n_steps`` PDGD interactions from ``weights``.
+class PDGDJob:
+    """One learner's local training: ``n_steps`` PDGD interactions from ``weights`` (its
+    ranker's flat parameters).
 
     ``rng`` is the learner's own generator (also its users'), consumed exactly as the sequential
     path would; ``clip`` is the DP norm bound applied after every update (None: no clipping).
@@ -117,7 +129,7 @@ class BatchResult:
 _TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDictionary()
 
 
-def _params(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per job (lr, clip norm or inf, click model number); per model its (P(click | grade),
     P(stop | click, grade)) rows, padded, and its grade count."""
     number: dict[int, int] = {}
@@ -146,23 +158,8 @@ def _params(jobs: Sequence[LinearJob]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return np.array(rows, dtype=np.float64), tables, n_grades
 
 
-def train_linear_batch(
-    train: QuerySet, jobs: Sequence[LinearJob], k: int = SERP_LENGTH
-) -> BatchResult:
-    """Run every job's interactions: the batched ``LocalLearner.train`` of many learners.
-
-    Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
-    of one never depends on the others in the batch.
-    """
-    n_jobs = len(jobs)
-    n_feat = train.n_features
-    if n_jobs == 0:
-        return BatchResult(
-            np.empty((0, n_feat)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0))
-        )
-    w = np.array([job.weights for job in jobs], dtype=np.float64)
-    if w.shape[1:] != (n_feat,):
-        raise ValueError(f"job weights must have {n_feat} entries, got shape {w.shape[1:]}")
+def _draws(train: QuerySet, jobs: Sequence[PDGDJob], k: int) -> tuple:
+    """Checks, the kernel module, the set's derived data and every job's draws."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     owned_ptr = [0]
@@ -174,8 +171,7 @@ def train_linear_batch(
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     data = _data(train, k)
-    params, tables, n_grades = _params(jobs)
-    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
+    draws = pdgd_kernel.draw(
         pdgd_kernel.generator_pointers([job.rng for job in jobs]),
         np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
         np.array(owned_ptr, dtype=np.int64),
@@ -183,6 +179,39 @@ def train_linear_batch(
         data.size_arr,
         k,
     )
+    work = pdgd_kernel.workspace(k, int(data.size_arr.max(initial=0)))
+    return pdgd_kernel, data, _params(jobs), draws, work
+
+
+def _weights(jobs: Sequence[PDGDJob], n_params: int, what: str) -> np.ndarray:
+    w = np.array([job.weights for job in jobs], dtype=np.float64)
+    if w.shape[1:] != (n_params,):
+        raise ValueError(f"job weights must have {n_params} entries ({what}), got {w.shape[1:]}")
+    return w
+
+
+def _empty(jobs: Sequence[PDGDJob], n_params: int) -> BatchResult | None:
+    if jobs:
+        return None
+    return BatchResult(np.empty((0, n_params)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0)))
+
+
+def train_linear_batch(
+    train: QuerySet, jobs: Sequence[PDGDJob], k: int = SERP_LENGTH
+) -> BatchResult:
+    """Run every job's interactions: the batched ``LocalLearner.train`` of many linear
+    learners.
+
+    Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
+    of one never depends on the others in the batch.
+    """
+    n_feat = train.n_features
+    done = _empty(jobs, n_feat)
+    if done is not None:
+        return done
+    w = _weights(jobs, n_feat, "one per feature")
+    kernel, data, (params, tables, n_grades), draws, work = _draws(train, jobs, k)
+    query, gptr, uptr, gumbel, uniform, shown = draws
     scores = np.empty_like(gumbel)
     features, starts, sizes = train.features, data.starts, data.sizes
     rows = list(zip(w, query.tolist(), gptr.tolist(), strict=True))
@@ -192,27 +221,54 @@ def train_linear_batch(
             if q >= 0:
                 first, n, o = starts[q], sizes[q], oj[s]
                 linear_scores(features[first : first + n], wj, scores[o : o + n])
-        pdgd_kernel.step(
-            s,
-            query,
-            gptr,
-            uptr,
-            scores,
-            gumbel,
-            uniform,
-            train.qptr,
-            train.labels,
-            features,
-            data.gains,
-            data.discount,
-            data.ideal,
-            tables,
-            n_grades,
-            params,
-            w,
-            shown,
-            k,
-        )
+        kernel.step(
+            s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
+            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, work,
+        )  # fmt: skip
+    return BatchResult(w, query, shown)
+
+
+def train_mlp_batch(
+    train: QuerySet, jobs: Sequence[PDGDJob], hidden: int, k: int = SERP_LENGTH
+) -> BatchResult:
+    """``train_linear_batch`` for learners with a one-hidden-layer MLP ranker of ``hidden``
+    tanh units (``MLPRanker(n_features, (hidden,))``'s flat parameters). Scoring is
+    ``MLPRanker.score``'s numpy products per job (the same scores, bit for bit); the backward
+    pass runs in the kernel, its sums in another order than BLAS (equal to float rounding)."""
+    n_feat = train.n_features
+    n_params = n_feat * hidden + 2 * hidden
+    done = _empty(jobs, n_params)
+    if done is not None:
+        return done
+    w = _weights(jobs, n_params, f"an MLP with {hidden} hidden units")
+    kernel, data, (params, tables, n_grades), draws, work = _draws(train, jobs, k)
+    query, gptr, uptr, gumbel, uniform, shown = draws
+    scores = np.empty_like(gumbel)
+    # views into w, which the kernel updates in place: W (n_feat, hidden), b, output v
+    layers = [(wj[: n_feat * hidden].reshape(n_feat, hidden), wj[n_feat * hidden :]) for wj in w]
+    layers = [(W, rest[:hidden], rest[hidden:]) for W, rest in layers]
+    features, starts, sizes = train.features, data.starts, data.sizes
+    per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
+    acts = np.empty((max(per_step, default=0), hidden))
+    aptr = np.zeros(len(jobs), dtype=np.int64)
+    rows = list(zip(layers, query.tolist(), gptr.tolist(), strict=True))
+    for s in range(query.shape[1]):
+        at = 0
+        for j, ((W, b, v), qj, oj) in enumerate(rows):
+            q = qj[s]
+            if q >= 0:
+                first, n, o = starts[q], sizes[q], oj[s]
+                a = acts[at : at + n]
+                x = np.asarray(features[first : first + n], dtype=np.float64)
+                np.tanh(x @ W + b, out=a)
+                np.matmul(a, v, out=scores[o : o + n])
+                aptr[j] = at
+                at += n
+        kernel.mlp_step(
+            s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
+            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
+            aptr, work,
+        )  # fmt: skip
     return BatchResult(w, query, shown)
 
 
@@ -247,5 +303,7 @@ def prepare() -> None:
         np.array(["q"]),
     )
     model = CascadeModel("prepare", np.array([0.5, 0.9]), np.array([0.1, 0.5]))
-    job = LinearJob(np.zeros(2), np.array([0]), 1, np.random.default_rng(0), model, 0.1)
+    job = PDGDJob(np.zeros(2), np.array([0]), 1, np.random.default_rng(0), model, 0.1)
     train_linear_batch(tiny, [job, job])
+    job.weights = np.zeros(2 * 2 + 2 * 2)
+    train_mlp_batch(tiny, [job, job], 2)

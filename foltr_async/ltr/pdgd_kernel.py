@@ -1,7 +1,7 @@
 """Compiled (numba) pieces of batched PDGD: the draws, and one interaction step of many jobs.
 
-Imported only by ``pdgd_batch.train_linear_batch`` on its first call, so runs that never train
-a linear FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
+Imported only by ``pdgd_batch``'s trainers on their first call, so runs that never train a
+batched FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
 first use and cached on disk (``cache=True``: in ``NUMBA_CACHE_DIR`` when set, else next to
 this file, else, when that is read-only, numba's user-wide cache directory); where no cache
 location is writable they are compiled in memory each run.
@@ -19,7 +19,8 @@ The step: Gumbel-top-k ranking of ``score + noise`` (ties: lower document first,
 the reference's stable sort does when the query has at most ``k`` documents; longer queries tie
 with probability zero), cascade clicks, the shown nDCG@k summed in numpy's pairwise order (the
 same float as ``metrics.dcg_at_k``), then the pairs, the closed-form debiasing of the
-``pdgd_batch`` module doc, the linear gradient, the step and the DP clipping.
+``pdgd_batch`` module doc, the linear gradient, the step and the DP clipping. ``mlp_step`` is
+the same interaction for one-hidden-layer MLPs, with ``MLPRanker.grad``'s backward pass.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from numba import njit, types
 from numba.core import config
 from numba.extending import intrinsic
 
-__all__ = ["draw", "generator_pointers", "pair_weights", "step"]
+__all__ = ["draw", "generator_pointers", "pair_weights", "mlp_step", "step", "workspace"]
 
 
 def _jit(fn):
@@ -325,114 +326,135 @@ def pair_weights(scores, ranking, clicks):
     return out
 
 
+def workspace(k: int, max_docs: int) -> tuple:
+    """The step's scratch arrays for SERPs of ``k`` and queries of up to ``max_docs``
+    documents: Gumbel-top-k values and documents, clicks, shown scores, log D, coefficients,
+    pair ratios, and an all-False mask of the shown documents."""
+    return (
+        np.empty(k), np.empty(k, dtype=np.int64), np.zeros(k, dtype=np.bool_), np.empty(k),
+        np.empty(k), np.empty(k), np.empty((k, k)), np.zeros(max_docs, dtype=np.bool_),
+    )  # fmt: skip
+
+
+@_jit
+def _interact(
+    j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount, ideal,
+    tables, n_grades, params, ndcg, k, work,
+):  # fmt: skip
+    """Interaction ``s`` of job ``j`` (its query ``query[j, s] >= 0``, its current scores at
+    ``scores[gptr[j, s]:]``): rank, click, write the shown nDCG@k to ``ndcg[j, s]``, and when
+    something was clicked leave each shown position's PDGD weight in ``coef`` and its document
+    (within the query) in ``top_i`` (``work``: ``workspace``'s arrays). Returns the number of
+    positions to update from (0: no click)."""
+    q = query[j, s]
+    first = qptr[q]
+    n = qptr[q + 1] - first
+    go = gptr[j, s]
+    m = min(k, n)
+    top_v, top_i, clicked, shown, log_d, coef, ratio, is_shown = work
+
+    # Gumbel-top-k of score + noise, best first; ties keep the lower document first and
+    # NaN sorts last (as numpy's stable argsort of -z).
+    cnt = 0
+    for i in range(n):
+        v = scores[go + i] + gumbel[go + i]
+        if cnt == m:
+            last = top_v[m - 1]
+            if not (v > last or (last != last and v == v)):
+                continue
+            p = m - 1
+        else:
+            p = cnt
+            cnt += 1
+        while p > 0:
+            prev = top_v[p - 1]
+            if v > prev or (prev != prev and v == v):
+                top_v[p] = prev
+                top_i[p] = top_i[p - 1]
+                p -= 1
+            else:
+                break
+        top_v[p] = v
+        top_i[p] = i
+
+    # Cascade clicks from the uniforms; nDCG@k of the shown list.
+    uo = uptr[j, s]
+    model = np.int64(params[j, 2])
+    g_top = n_grades[model] - 1
+    any_click = False
+    last_click = -1
+    stopped = False
+    for i in range(m):
+        d = first + top_i[i]
+        shown[i] = gains[d] * discount[m, i]  # reused below for the scores
+        c = False
+        if not stopped:
+            g = min(max(np.int64(labels[d]), 0), g_top)
+            if uniform[uo + i] < tables[model, 0, g]:
+                c = True
+                any_click = True
+                last_click = i
+                if uniform[uo + m + i] < tables[model, 1, g]:
+                    stopped = True
+        clicked[i] = c
+    best = ideal[q]
+    ndcg[j, s] = _pairwise_sum(shown, m) / best if best > 0 else 0.0
+    if not any_click:
+        return 0
+
+    # log D(p): the shown documents at positions >= p plus every document not shown.
+    for i in range(m):
+        shown[i] = scores[go + top_i[i]]
+    log_rest = _log_rest(scores, go, n, top_i, m, is_shown)
+    _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef)
+    return m
+
+
+@_jit
+def _ascend(w, j, grad, params):
+    """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``)."""
+    n_par = w.shape[1]
+    lr = params[j, 0]
+    sq = 0.0
+    for f in range(n_par):
+        w[j, f] = w[j, f] + lr * grad[f]
+        sq += w[j, f] * w[j, f]
+    bound = params[j, 1]
+    norm = np.sqrt(sq)
+    if norm > bound:
+        scale = bound / norm
+        for f in range(n_par):
+            w[j, f] = w[j, f] * scale
+
+
 @_jit
 def step(
-    s,
-    query,
-    gptr,
-    uptr,
-    scores,
-    gumbel,
-    uniform,
-    qptr,
-    labels,
-    features,
-    gains,
-    discount,
-    ideal,
-    tables,
-    n_grades,
-    params,
-    w,
-    ndcg,
-    k,
-):
-    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, work,
+):  # fmt: skip
+    """Interaction ``s`` of every linear job with ``query[j, s] >= 0``: rank, click, nDCG,
+    update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
     ``params[j]`` is (learning rate, clip norm or inf, click model): the model's row of
     ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades.
     ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]``
-    in place and writes the shown nDCG@k to ``ndcg[j, s]``.
+    in place and writes the shown nDCG@k to ``ndcg[j, s]``; ``work`` is ``workspace``'s.
     """
-    n_jobs = query.shape[0]
     n_feat = w.shape[1]
-    top_v = np.empty(k)
-    top_i = np.empty(k, dtype=np.int64)
-    clicked = np.zeros(k, dtype=np.bool_)
-    shown = np.empty(k)
-    log_d = np.empty(k)
-    coef = np.empty(k)
-    ratio = np.empty((k, k))
     grad = np.empty(n_feat)
-    is_shown = np.zeros(0, dtype=np.bool_)
-    for j in range(n_jobs):
-        q = query[j, s]
-        if q < 0:
+    coef, top_i = work[5], work[1]
+    for j in range(query.shape[0]):
+        if query[j, s] < 0:
             continue
-        first = qptr[q]
-        n = qptr[q + 1] - first
-        go = gptr[j, s]
-        m = min(k, n)
-
-        # Gumbel-top-k of score + noise, best first; ties keep the lower document first and
-        # NaN sorts last (as numpy's stable argsort of -z).
-        cnt = 0
-        for i in range(n):
-            v = scores[go + i] + gumbel[go + i]
-            if cnt == m:
-                last = top_v[m - 1]
-                if not (v > last or (last != last and v == v)):
-                    continue
-                p = m - 1
-            else:
-                p = cnt
-                cnt += 1
-            while p > 0:
-                prev = top_v[p - 1]
-                if v > prev or (prev != prev and v == v):
-                    top_v[p] = prev
-                    top_i[p] = top_i[p - 1]
-                    p -= 1
-                else:
-                    break
-            top_v[p] = v
-            top_i[p] = i
-
-        # Cascade clicks from the uniforms; nDCG@k of the shown list.
-        uo = uptr[j, s]
-        model = np.int64(params[j, 2])
-        g_top = n_grades[model] - 1
-        any_click = False
-        last_click = -1
-        stopped = False
-        for i in range(m):
-            d = first + top_i[i]
-            shown[i] = gains[d] * discount[m, i]  # reused below for the scores
-            c = False
-            if not stopped:
-                g = min(max(np.int64(labels[d]), 0), g_top)
-                if uniform[uo + i] < tables[model, 0, g]:
-                    c = True
-                    any_click = True
-                    last_click = i
-                    if uniform[uo + m + i] < tables[model, 1, g]:
-                        stopped = True
-            clicked[i] = c
-        best = ideal[q]
-        ndcg[j, s] = _pairwise_sum(shown, m) / best if best > 0 else 0.0
-        if not any_click:
+        m = _interact(
+            j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
+            ideal, tables, n_grades, params, ndcg, k, work,
+        )  # fmt: skip
+        if not m:
             continue
-
-        # log D(p): the shown documents at positions >= p plus every document not shown.
-        for i in range(m):
-            shown[i] = scores[go + top_i[i]]
-        if n > m and is_shown.size < n:
-            is_shown = np.zeros(n, dtype=np.bool_)
-        log_rest = _log_rest(scores, go, n, top_i, m, is_shown)
-        _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef)
-
-        # Linear gradient (coefficient-weighted shown documents), step, DP clipping.
+        # Linear gradient: the coefficient-weighted shown documents.
+        first = qptr[query[j, s]]
         grad[:] = 0.0
         for i in range(m):
             c = coef[i]
@@ -440,14 +462,49 @@ def step(
                 row = features[first + top_i[i]]
                 for f in range(n_feat):
                     grad[f] += c * row[f]
-        lr = params[j, 0]
-        sq = 0.0
-        for f in range(n_feat):
-            w[j, f] = w[j, f] + lr * grad[f]
-            sq += w[j, f] * w[j, f]
-        bound = params[j, 1]
-        norm = np.sqrt(sq)
-        if norm > bound:
-            scale = bound / norm
+        _ascend(w, j, grad, params)
+
+
+@_jit
+def mlp_step(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, work,
+):  # fmt: skip
+    """``step`` for one-hidden-layer tanh MLPs (``MLPRanker`` with ``hidden = (H,)``; ``w[j]``
+    its flat parameters: ``W`` (n_features, H) row-major, ``b`` (H,), output ``v`` (H,)):
+    job ``j``'s hidden activations of its query's documents at ``acts[aptr[j]:]`` (with its
+    scores, from numpy); the update is ``MLPRanker.grad`` of the PDGD coefficients."""
+    n_feat = features.shape[1]
+    h_n = acts.shape[1]
+    o_b = n_feat * h_n  # offsets of b and v in a job's parameters
+    o_v = o_b + h_n
+    grad = np.empty(w.shape[1])
+    dpre = np.empty(h_n)
+    coef, top_i = work[5], work[1]
+    for j in range(query.shape[0]):
+        if query[j, s] < 0:
+            continue
+        m = _interact(
+            j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
+            ideal, tables, n_grades, params, ndcg, k, work,
+        )  # fmt: skip
+        if not m:
+            continue
+        first = qptr[query[j, s]]
+        grad[:] = 0.0
+        for i in range(m):
+            c = coef[i]
+            if c == 0.0:
+                continue
+            a = acts[aptr[j] + top_i[i]]
+            row = features[first + top_i[i]]
+            for h in range(h_n):
+                grad[o_v + h] += c * a[h]
+                dpre[h] = c * w[j, o_v + h] * (1.0 - a[h] * a[h])
+                grad[o_b + h] += dpre[h]
             for f in range(n_feat):
-                w[j, f] = w[j, f] * scale
+                x = np.float64(row[f])
+                base = f * h_n
+                for h in range(h_n):
+                    grad[base + h] += x * dpre[h]
+        _ascend(w, j, grad, params)
