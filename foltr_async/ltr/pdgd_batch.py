@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 SERP_LENGTH = 10
+_NO_ACTS, _NO_PTR = np.empty((0, 0)), np.empty(0, dtype=np.int64)  # linear: no activations
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,7 +224,8 @@ def train_linear_batch(
                 linear_scores(features[first : first + n], wj, scores[o : o + n])
         kernel.step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
-            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, work,
+            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k,
+            _NO_ACTS, _NO_PTR, work,
         )  # fmt: skip
     return BatchResult(w, query, shown)
 
@@ -264,7 +266,7 @@ def train_mlp_batch(
                 np.matmul(a, v, out=scores[o : o + n])
                 aptr[j] = at
                 at += n
-        kernel.mlp_step(
+        kernel.step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
             data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
             aptr, work,

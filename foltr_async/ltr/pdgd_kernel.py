@@ -19,8 +19,8 @@ The step: Gumbel-top-k ranking of ``score + noise`` (ties: lower document first,
 the reference's stable sort does when the query has at most ``k`` documents; longer queries tie
 with probability zero), cascade clicks, the shown nDCG@k summed in numpy's pairwise order (the
 same float as ``metrics.dcg_at_k``), then the pairs, the closed-form debiasing of the
-``pdgd_batch`` module doc, the linear gradient, the step and the DP clipping. ``mlp_step`` is
-the same interaction for one-hidden-layer MLPs, with ``MLPRanker.grad``'s backward pass.
+``pdgd_batch`` module doc, the gradient (linear, or ``MLPRanker.grad``'s backward pass for one
+hidden layer), the step and the DP clipping.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from numba import njit, types
 from numba.core import config
 from numba.extending import intrinsic
 
-__all__ = ["draw", "generator_pointers", "pair_weights", "mlp_step", "step", "workspace"]
+__all__ = ["draw", "generator_pointers", "pair_weights", "step", "workspace"]
 
 
 def _jit(fn):
@@ -428,58 +428,61 @@ def _ascend(w, j, grad, params):
 
 
 @_jit
+def _linear_grad(grad, coef, top_i, m, features, first):
+    """The linear ranker's gradient: the coefficient-weighted shown documents."""
+    grad[:] = 0.0
+    for i in range(m):
+        c = coef[i]
+        if c != 0.0:
+            row = features[first + top_i[i]]
+            for f in range(grad.size):
+                grad[f] += c * row[f]
+
+
+@_jit
+def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
+    """``MLPRanker.grad`` of the coefficients for one hidden layer of ``H = acts.shape[1]``
+    tanh units (``acts``: the query's activations; ``wj``: ``W`` (n_features, H) row-major,
+    ``b``, output ``v``)."""
+    n_feat, h_n = features.shape[1], acts.shape[1]
+    o_b = n_feat * h_n  # offsets of b and v in the parameters
+    o_v = o_b + h_n
+    grad[:] = 0.0
+    for i in range(m):
+        c = coef[i]
+        if c == 0.0:
+            continue
+        a = acts[top_i[i]]
+        row = features[first + top_i[i]]
+        for h in range(h_n):
+            grad[o_v + h] += c * a[h]
+            dpre[h] = c * wj[o_v + h] * (1.0 - a[h] * a[h])
+            grad[o_b + h] += dpre[h]
+        for f in range(n_feat):
+            x = np.float64(row[f])
+            base = f * h_n
+            for h in range(h_n):
+                grad[base + h] += x * dpre[h]
+
+
+@_jit
 def step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, work,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, work,
 ):  # fmt: skip
-    """Interaction ``s`` of every linear job with ``query[j, s] >= 0``: rank, click, nDCG,
-    update.
+    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
     ``params[j]`` is (learning rate, clip norm or inf, click model): the model's row of
     ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades.
     ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]``
     in place and writes the shown nDCG@k to ``ndcg[j, s]``; ``work`` is ``workspace``'s.
+    Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
+    ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
+    query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).
     """
-    n_feat = w.shape[1]
-    grad = np.empty(n_feat)
-    coef, top_i = work[5], work[1]
-    for j in range(query.shape[0]):
-        if query[j, s] < 0:
-            continue
-        m = _interact(
-            j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
-            ideal, tables, n_grades, params, ndcg, k, work,
-        )  # fmt: skip
-        if not m:
-            continue
-        # Linear gradient: the coefficient-weighted shown documents.
-        first = qptr[query[j, s]]
-        grad[:] = 0.0
-        for i in range(m):
-            c = coef[i]
-            if c != 0.0:
-                row = features[first + top_i[i]]
-                for f in range(n_feat):
-                    grad[f] += c * row[f]
-        _ascend(w, j, grad, params)
-
-
-@_jit
-def mlp_step(
-    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, work,
-):  # fmt: skip
-    """``step`` for one-hidden-layer tanh MLPs (``MLPRanker`` with ``hidden = (H,)``; ``w[j]``
-    its flat parameters: ``W`` (n_features, H) row-major, ``b`` (H,), output ``v`` (H,)):
-    job ``j``'s hidden activations of its query's documents at ``acts[aptr[j]:]`` (with its
-    scores, from numpy); the update is ``MLPRanker.grad`` of the PDGD coefficients."""
-    n_feat = features.shape[1]
-    h_n = acts.shape[1]
-    o_b = n_feat * h_n  # offsets of b and v in a job's parameters
-    o_v = o_b + h_n
     grad = np.empty(w.shape[1])
-    dpre = np.empty(h_n)
+    dpre = np.empty(acts.shape[1])
     coef, top_i = work[5], work[1]
     for j in range(query.shape[0]):
         if query[j, s] < 0:
@@ -491,20 +494,8 @@ def mlp_step(
         if not m:
             continue
         first = qptr[query[j, s]]
-        grad[:] = 0.0
-        for i in range(m):
-            c = coef[i]
-            if c == 0.0:
-                continue
-            a = acts[aptr[j] + top_i[i]]
-            row = features[first + top_i[i]]
-            for h in range(h_n):
-                grad[o_v + h] += c * a[h]
-                dpre[h] = c * w[j, o_v + h] * (1.0 - a[h] * a[h])
-                grad[o_b + h] += dpre[h]
-            for f in range(n_feat):
-                x = np.float64(row[f])
-                base = f * h_n
-                for h in range(h_n):
-                    grad[base + h] += x * dpre[h]
+        if acts.shape[1]:
+            _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
+        else:
+            _linear_grad(grad, coef, top_i, m, features, first)
         _ascend(w, j, grad, params)
