@@ -375,6 +375,7 @@ def _run_scenario(
         observers.repeat_done(name, rep, result)
 
     if remote is None and (jobs > 1 or executor != "local"):
+        heap.forget()  # what the pre-run check built: the runs build their own, elsewhere
         for (rep, seed, name, _), result in run_jobs(todo, jobs, executor):
             observers.repeat_started(name, rep, seed)
             finish(name, rep, result)

@@ -12,7 +12,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,7 +50,7 @@ class Datasets:
     n_grades: int
 
 
-@lru_cache(maxsize=4)
+@heap.process_cache(maxsize=4)
 def _load(
     profile: str, path: str | None, n_queries: int | None, normalise: bool, seed: int
 ) -> Datasets:
@@ -228,7 +227,7 @@ class RunContext:
         )
 
 
-@lru_cache(maxsize=4)
+@heap.process_cache(maxsize=4)
 def _capped(test: QuerySet, cap: int) -> QuerySet:
     return test.subset(np.arange(cap))
 

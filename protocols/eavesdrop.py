@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -47,6 +46,7 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.registry import REGISTRY, BehaviourEntry
+from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
 from foltr_async.scenario.fields import param, parameters
@@ -69,7 +69,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b) / (na * nb) if na > 0 and nb > 0 else math.nan
 
 
-@lru_cache(maxsize=4)
+@heap.process_cache(maxsize=4)
 def query_directions(train: QuerySet) -> np.ndarray:
     """Per query, mean(relevant documents) - mean(non-relevant documents) (zero when a query
     lacks either kind): the direction PDGD moves a linear ranker in, in expectation."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from foltr_async import simulation
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import run_scenario
 from foltr_async.observe.observer import Observer
@@ -53,9 +54,12 @@ def _run(tmp_path: Path, name: str, **kw) -> dict:
 
 def test_jobs_give_the_serial_results_json(tmp_path):
     serial = _run(tmp_path, "serial")
+    assert simulation._load.cache_info().currsize > 0  # the serial runs reuse the dataset
     parallel = _run(tmp_path, "jobs2", jobs=2)
     assert len(serial["variants"]) == 3 and serial["complete"]
     assert _without_wall_time(parallel) == _without_wall_time(serial)
+    # the jobs ran in other processes: this one keeps no dataset for them
+    assert simulation._load.cache_info().currsize == 0
 
 
 def test_bad_job_counts_and_executors_are_one_line_errors():

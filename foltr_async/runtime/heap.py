@@ -9,7 +9,10 @@ A round also allocates (and frees) some ten objects per message, so the youngest
 threshold is raised while a run plays: fewer, larger young collections (the default 700 gave
 ~35 young collections per paper-scale round, ~8 us per client).
 
-Between runs, :func:`release` hands the pages a finished run freed back to the system: glibc
+Data a process reuses across runs (datasets, corpora) is cached with :func:`process_cache`, and
+:func:`forget` drops it where the runs go to other processes (the parent of ``--jobs``, which
+built every variant once to check it). Between runs, :func:`release` hands the pages a finished
+run freed back to the system: glibc
 keeps freed heap memory for reuse, and a process running CS-F-LTR jobs back to back (corpora and
 sketches of a few hundred MB each, built and dropped per variant) grew by the fragments until the
 out-of-memory killer stopped it at 11.5 GB.
@@ -20,9 +23,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-from functools import cache
+from collections.abc import Callable
+from functools import cache, lru_cache
+from typing import TypeVar
 
-__all__ = ["freeze", "refreeze", "release", "thaw", "trim"]
+__all__ = ["forget", "freeze", "process_cache", "refreeze", "release", "thaw", "trim"]
+
+F = TypeVar("F", bound=Callable)
 
 #: Allocations between two young collections while a run plays (Python's default: 700).
 YOUNG_THRESHOLD = 10_000
@@ -78,3 +85,26 @@ def release() -> None:
     """A run is over and dropped: collect its cycles and return its free pages to the system."""
     gc.collect()
     trim()
+
+
+_process_caches: list = []
+
+
+def process_cache(maxsize: int) -> Callable[[F], F]:
+    """``functools.lru_cache(maxsize)`` for data a process reuses across runs; ``forget``
+    empties it."""
+
+    def wrap(fn: F) -> F:
+        cached = lru_cache(maxsize=maxsize)(fn)
+        _process_caches.append(cached)
+        return cached  # type: ignore[return-value]
+
+    return wrap
+
+
+def forget() -> None:
+    """Empty every ``process_cache`` and return the memory: nothing this process built for
+    runs stays alive (the runs themselves are elsewhere)."""
+    for cached in _process_caches:
+        cached.cache_clear()
+    release()

@@ -33,12 +33,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.runtime import heap
 
 __all__ = ["ClientTrace", "Trace", "load_trace"]
 
@@ -199,7 +199,7 @@ def _csv_device(text: str, path: str) -> dict:
     return {"format": "fedscale", "device": device}
 
 
-@lru_cache(maxsize=16)
+@heap.process_cache(maxsize=16)
 def _load(path: str, mtime: float) -> Trace:
     p = Path(path)
     text = p.read_text(encoding="utf-8")

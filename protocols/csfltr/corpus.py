@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
@@ -27,13 +26,14 @@ from foltr_async.ltr.textfeatures import (
     query_minmax,
 )
 from foltr_async.rng import stream
+from foltr_async.runtime import heap
 from foltr_async.simulation import RunContext
 
 N_FEATURES = len(FEATURE_NAMES)
 T = TypeVar("T")
 
 
-@lru_cache(maxsize=2)
+@heap.process_cache(maxsize=2)
 def _corpus(key: tuple) -> TextCorpus:
     kind, seed, *rest = key
     if kind == "msmarco":
@@ -181,7 +181,7 @@ def party_index(
     return memo["index"][p]
 
 
-@lru_cache(maxsize=4)
+@heap.process_cache(maxsize=4)
 def party_hashes(seed: int, z: int, w: int) -> SketchHashes:
     """The parties' shared hash key (the relay never needs it)."""
     return SketchHashes.from_key(stream(seed, "csfltr", "hash-key"), z, w)
