@@ -36,3 +36,13 @@ def test_unlearning_beats_the_poisoned_federation_and_costs_less_than_retraining
     clean, poisoned, unlearned = (np.mean(scores[v]) for v in scores)
     assert poisoned < clean - 0.03, scores  # the attack hurts
     assert unlearned > poisoned + 0.02, scores  # unlearning recovers a clear part of it
+
+
+def test_clients_store_updates_only_in_runs_that_can_unlearn():
+    sc = load_scenario(HEADLINE, ["federation.rounds=20"])
+    for name, stores in (("9H-1M", False), ("9H-1M-unlearned", True)):
+        sim = Simulation(sc.variants[name], 1, Observer())
+        run(sim.run())
+        stored = [sorted(a.stored) for a in sim.agents.values() if hasattr(a, "stored")]
+        assert len(stored) == 10
+        assert stored[0] == ([10, 20] if stores else []), name
