@@ -9,10 +9,9 @@ output in ``OUT/<name>.log``. A run whose folder holds a complete ``results.json
 so an interrupted night resumes where it stopped; a folder without one (the run was killed or
 failed part-way) is kept, renamed ``<name>.incomplete-N``, and the run starts again.
 ``OUT/runs.jsonl`` records every run's wall time, CPU time, exit code and the load average
-around it; ``OUT/REPORT.md``
-holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
-A failed run does not stop the others; the exit code is 1 when any failed, 2 on a bad plan or
-argument.
+around it; ``OUT/REPORT.md`` holds ``tools/repro_table.py``'s table of every finished run of the
+plan (with ``--only`` too). A failed run does not stop the others; the exit code is 1 when any
+failed, 2 on a bad plan or argument.
 """
 
 from __future__ import annotations

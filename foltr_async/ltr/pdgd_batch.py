@@ -61,7 +61,6 @@ __all__ = [
 ]
 
 SERP_LENGTH = 10
-_NO_ACTS, _NO_PTR = np.empty((0, 0)), np.empty(0, dtype=np.int64)  # linear: no activations
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,8 +158,40 @@ def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return np.array(rows, dtype=np.float64), tables, n_grades
 
 
-def _draws(train: QuerySet, jobs: Sequence[PDGDJob], k: int) -> tuple:
-    """Checks, the kernel module, the set's derived data and every job's draws."""
+def train_linear_batch(
+    train: QuerySet, jobs: Sequence[PDGDJob], k: int = SERP_LENGTH
+) -> BatchResult:
+    """Run every job's interactions: the batched ``LocalLearner.train`` of many linear
+    learners.
+
+    Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
+    of one never depends on the others in the batch.
+    """
+    return _train(train, jobs, k, 0)
+
+
+def train_mlp_batch(
+    train: QuerySet, jobs: Sequence[PDGDJob], hidden: int, k: int = SERP_LENGTH
+) -> BatchResult:
+    """``train_linear_batch`` for learners with a one-hidden-layer MLP ranker of ``hidden``
+    tanh units (``MLPRanker(n_features, (hidden,))``'s flat parameters). Scoring is
+    ``MLPRanker.score``'s numpy products per job (the same scores, bit for bit); the backward
+    pass runs in the kernel, its sums in another order than BLAS (equal to float rounding)."""
+    return _train(train, jobs, k, hidden)
+
+
+def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> BatchResult:
+    """Both trainers: ``hidden`` 0 for linear rankers."""
+    n_feat = train.n_features
+    n_params = n_feat * hidden + 2 * hidden if hidden else n_feat
+    if not jobs:
+        return BatchResult(
+            np.empty((0, n_params)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0))
+        )
+    w = np.array([job.weights for job in jobs], dtype=np.float64)
+    if w.shape[1:] != (n_params,):
+        what = f"an MLP with {hidden} hidden units" if hidden else "one per feature"
+        raise ValueError(f"job weights must have {n_params} entries ({what}), got {w.shape[1:]}")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     owned_ptr = [0]
@@ -172,7 +203,8 @@ def _draws(train: QuerySet, jobs: Sequence[PDGDJob], k: int) -> tuple:
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     data = _data(train, k)
-    draws = pdgd_kernel.draw(
+    params, tables, n_grades = _params(jobs)
+    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
         pdgd_kernel.generator_pointers([job.rng for job in jobs]),
         np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
         np.array(owned_ptr, dtype=np.int64),
@@ -181,92 +213,35 @@ def _draws(train: QuerySet, jobs: Sequence[PDGDJob], k: int) -> tuple:
         k,
     )
     work = pdgd_kernel.workspace(k, int(data.size_arr.max(initial=0)))
-    return pdgd_kernel, data, _params(jobs), draws, work
-
-
-def _weights(jobs: Sequence[PDGDJob], n_params: int, what: str) -> np.ndarray:
-    w = np.array([job.weights for job in jobs], dtype=np.float64)
-    if w.shape[1:] != (n_params,):
-        raise ValueError(f"job weights must have {n_params} entries ({what}), got {w.shape[1:]}")
-    return w
-
-
-def _empty(jobs: Sequence[PDGDJob], n_params: int) -> BatchResult | None:
-    if jobs:
-        return None
-    return BatchResult(np.empty((0, n_params)), np.zeros((0, 0), dtype=np.int64), np.empty((0, 0)))
-
-
-def train_linear_batch(
-    train: QuerySet, jobs: Sequence[PDGDJob], k: int = SERP_LENGTH
-) -> BatchResult:
-    """Run every job's interactions: the batched ``LocalLearner.train`` of many linear
-    learners.
-
-    Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
-    of one never depends on the others in the batch.
-    """
-    n_feat = train.n_features
-    done = _empty(jobs, n_feat)
-    if done is not None:
-        return done
-    w = _weights(jobs, n_feat, "one per feature")
-    kernel, data, (params, tables, n_grades), draws, work = _draws(train, jobs, k)
-    query, gptr, uptr, gumbel, uniform, shown = draws
     scores = np.empty_like(gumbel)
     features, starts, sizes = train.features, data.starts, data.sizes
-    rows = list(zip(w, query.tolist(), gptr.tolist(), strict=True))
-    for s in range(query.shape[1]):
-        for wj, qj, oj in rows:
-            q = qj[s]
-            if q >= 0:
-                first, n, o = starts[q], sizes[q], oj[s]
-                linear_scores(features[first : first + n], wj, scores[o : o + n])
-        kernel.step(
-            s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
-            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k,
-            _NO_ACTS, _NO_PTR, work,
-        )  # fmt: skip
-    return BatchResult(w, query, shown)
-
-
-def train_mlp_batch(
-    train: QuerySet, jobs: Sequence[PDGDJob], hidden: int, k: int = SERP_LENGTH
-) -> BatchResult:
-    """``train_linear_batch`` for learners with a one-hidden-layer MLP ranker of ``hidden``
-    tanh units (``MLPRanker(n_features, (hidden,))``'s flat parameters). Scoring is
-    ``MLPRanker.score``'s numpy products per job (the same scores, bit for bit); the backward
-    pass runs in the kernel, its sums in another order than BLAS (equal to float rounding)."""
-    n_feat = train.n_features
-    n_params = n_feat * hidden + 2 * hidden
-    done = _empty(jobs, n_params)
-    if done is not None:
-        return done
-    w = _weights(jobs, n_params, f"an MLP with {hidden} hidden units")
-    kernel, data, (params, tables, n_grades), draws, work = _draws(train, jobs, k)
-    query, gptr, uptr, gumbel, uniform, shown = draws
-    scores = np.empty_like(gumbel)
-    # views into w, which the kernel updates in place: W (n_feat, hidden), b, output v
-    layers = [(wj[: n_feat * hidden].reshape(n_feat, hidden), wj[n_feat * hidden :]) for wj in w]
-    layers = [(W, rest[:hidden], rest[hidden:]) for W, rest in layers]
-    features, starts, sizes = train.features, data.starts, data.sizes
-    per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
-    acts = np.empty((max(per_step, default=0), hidden))
+    if hidden:  # per job, views into w (which the kernel updates): W (n_feat, hidden), b, v
+        o_b = n_feat * hidden
+        layers = [(wj[:o_b].reshape(n_feat, hidden), wj[o_b:-hidden], wj[-hidden:]) for wj in w]
+        per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
+        acts = np.empty((max(per_step, default=0), hidden))
+    else:  # no activations
+        layers, acts = list(w), np.empty((0, 0))
     aptr = np.zeros(len(jobs), dtype=np.int64)
-    rows = list(zip(layers, query.tolist(), gptr.tolist(), strict=True))
+    rows = list(enumerate(zip(layers, query.tolist(), gptr.tolist(), strict=True)))
     for s in range(query.shape[1]):
         at = 0
-        for j, ((W, b, v), qj, oj) in enumerate(rows):
+        for j, (layer, qj, oj) in rows:
             q = qj[s]
-            if q >= 0:
-                first, n, o = starts[q], sizes[q], oj[s]
+            if q < 0:
+                continue
+            first, n, o = starts[q], sizes[q], oj[s]
+            if hidden:
+                W, b, v = layer
                 a = acts[at : at + n]
                 x = np.asarray(features[first : first + n], dtype=np.float64)
                 np.tanh(x @ W + b, out=a)
                 np.matmul(a, v, out=scores[o : o + n])
                 aptr[j] = at
                 at += n
-        kernel.step(
+            else:
+                linear_scores(features[first : first + n], layer, scores[o : o + n])
+        pdgd_kernel.step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
             data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
             aptr, work,

@@ -12,10 +12,9 @@ threshold is raised while a run plays: fewer, larger young collections (the defa
 Data a process reuses across runs (datasets, corpora) is cached with :func:`process_cache`, and
 :func:`forget` drops it where the runs go to other processes (the parent of ``--jobs``, which
 built every variant once to check it). Between runs, :func:`release` hands the pages a finished
-run freed back to the system: glibc
-keeps freed heap memory for reuse, and a process running CS-F-LTR jobs back to back (corpora and
-sketches of a few hundred MB each, built and dropped per variant) grew by the fragments until the
-out-of-memory killer stopped it at 11.5 GB.
+run freed back to the system: glibc keeps freed heap memory for reuse, and a process running
+CS-F-LTR jobs back to back (corpora and sketches of a few hundred MB each, built and dropped per
+variant) grew by the fragments until the out-of-memory killer stopped it at 11.5 GB.
 """
 
 from __future__ import annotations
