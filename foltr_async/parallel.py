@@ -15,10 +15,15 @@ import asyncio
 import concurrent.futures as cf
 import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import structlog
+
 from foltr_async.errors import FoltrError
+
+log = structlog.get_logger()
 
 EXECUTORS = ("local", "ray")
 
@@ -28,8 +33,6 @@ Job = tuple[int, int, str, dict]
 
 def run_job(cfg: dict, seed: int, name: str, repeat: int) -> dict:
     """One repeat of one variant in virtual time, with no observers (the caller reports)."""
-    import structlog
-
     from foltr_async.observe.log import configure_logging
     from foltr_async.observe.observer import Observers
     from foltr_async.registry import load_plugins
@@ -53,8 +56,11 @@ def _args(job: Job) -> tuple[dict, int, str, int]:
     return cfg, seed, name, rep
 
 
-def run_jobs(jobs: list[Job], n: int, executor: str = "local") -> Iterator[tuple[Job, dict]]:
-    """Yield ``(job, result)`` as jobs finish, ``n`` at a time."""
+def run_jobs(
+    jobs: list[Job], n: int, executor: str = "local", work: Callable = run_job
+) -> Iterator[tuple[Job, dict]]:
+    """Yield ``(job, result)`` as jobs finish, ``n`` at a time; ``work(config, seed, variant,
+    repeat)`` runs one job (a module-level function: local processes import it by name)."""
     if executor not in EXECUTORS:
         raise FoltrError(f"--executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
     if n < 1:
@@ -62,28 +68,67 @@ def run_jobs(jobs: list[Job], n: int, executor: str = "local") -> Iterator[tuple
     if not jobs:
         return
     if executor == "ray":
-        yield from _ray(jobs, n)
+        yield from _ray(jobs, n, work)
         return
+    yield from _local(jobs, n, work)
+
+
+def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]]:
+    """One single-process executor per slot, so a process that dies (the out-of-memory killer,
+    a signal) loses only its own job. That job runs once more after the others; if its process
+    dies again it is reported at the end, after every other result was handed over."""
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(n, len(jobs)), mp_context=ctx) as pool:
-        futures = {pool.submit(run_job, *_args(job)): job for job in jobs}
-        try:
-            for fut in cf.as_completed(futures):
-                yield futures[fut], fut.result()
-        except cf.process.BrokenProcessPool:
-            left = sorted({f"{futures[f][2]} repeat {futures[f][0]}" for f in futures
-                           if not (f.done() and f.exception() is None)})  # fmt: skip
-            raise FoltrError(
-                f"--jobs: a job process died abruptly (killed; out of memory?) with {len(left)}"
-                f" job(s) unfinished, e.g. {', '.join(left[:3])}; the finished repeats are kept"
-            ) from None
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+    todo, lost, died = deque(jobs), [], set()
+    idle = [cf.ProcessPoolExecutor(1, mp_context=ctx) for _ in range(min(n, len(jobs)))]
+    busy: dict[cf.Future, tuple[cf.ProcessPoolExecutor, Job]] = {}
+    try:
+        while todo or busy:
+            while todo and idle:
+                ex, job = idle.pop(), todo.popleft()
+                try:
+                    busy[ex.submit(work, *_args(job))] = ex, job
+                except cf.process.BrokenProcessPool:  # its idle process was killed
+                    ex.shutdown(wait=False)
+                    idle.append(cf.ProcessPoolExecutor(1, mp_context=ctx))
+                    todo.appendleft(job)
+            done, _ = cf.wait(busy, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                ex, job = busy.pop(fut)
+                try:
+                    result = fut.result()
+                except cf.process.BrokenProcessPool:
+                    ex.shutdown(wait=False)
+                    ex = cf.ProcessPoolExecutor(1, mp_context=ctx)
+                    key = (job[2], job[0])
+                    if key in died:
+                        lost.append(key)
+                    else:
+                        died.add(key)
+                        todo.append(job)
+                    log.warning(
+                        "job_process_died",
+                        variant=job[2],
+                        repeat=job[0],
+                        then="reported" if key in lost else "runs again after the others",
+                    )
+                    continue
+                finally:
+                    idle.append(ex)
+                yield job, result
+    finally:
+        for fut in busy:
+            fut.cancel()
+        for ex in idle + [ex for ex, _ in busy.values()]:
+            ex.shutdown(cancel_futures=True)
+    if lost:
+        names = ", ".join(f"{name} repeat {rep}" for name, rep in sorted(lost))
+        raise FoltrError(
+            f"--jobs: {len(lost)} job(s) lost their process twice (killed; out of memory?):"
+            f" {names}; every other repeat finished and is kept"
+        )
 
 
-def _ray(jobs: list[Job], n: int) -> Iterator[tuple[Job, dict]]:
+def _ray(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]]:
     try:
         import ray
     except ImportError:
@@ -95,7 +140,7 @@ def _ray(jobs: list[Job], n: int) -> Iterator[tuple[Job, dict]]:
         address = os.environ.get("RAY_ADDRESS")
         kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": n}
         ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
-    remote: Callable = ray.remote(num_cpus=1)(run_job)
+    remote: Callable = ray.remote(num_cpus=1)(work)
     try:
         pending = {remote.remote(*_args(job)): job for job in jobs}
         while pending:

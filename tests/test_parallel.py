@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -69,11 +70,10 @@ def test_bad_job_counts_and_executors_are_one_line_errors():
         list(run_jobs([(0, 1, "a", {})], 2, "dask"))
 
 
-def test_a_killed_job_process_is_one_line_naming_unfinished_jobs(tmp_path):
-    """The out-of-memory killer took a pool worker in a long run: one line, not a traceback,
-    after the results that finished were handed over."""
+def test_killed_job_processes_do_not_stop_the_run(tmp_path):
+    """The out-of-memory killer took the pool's processes in a long run: their jobs run again
+    and the run ends with every result."""
     import multiprocessing
-    import os
     import signal
 
     path = tmp_path / "par.toml"
@@ -81,11 +81,39 @@ def test_a_killed_job_process_is_one_line_naming_unfinished_jobs(tmp_path):
     sc = load_scenario(path)
     jobs = [(r, sc.seed + r, name, cfg) for name, cfg in sc.variants.items() for r in range(2)]
     results = run_jobs(jobs, 2)
-    assert next(results)[1]  # one job done: the pool is up
+    first = [next(results)]  # one job done: the processes are up
     for child in multiprocessing.active_children():
         os.kill(child.pid, signal.SIGKILL)
-    with pytest.raises(FoltrError, match=r"--jobs: a job process died abruptly .* unfinished"):
-        list(results)
+    got = first + list(results)
+    assert sorted((name, rep) for (rep, _, name, _), _ in got) == sorted(
+        (name, rep) for rep, _, name, _ in jobs
+    )
+    assert all(result["rounds"] for _, result in got)
+
+
+def dies_unless_marked(cfg: dict, seed: int, name: str, repeat: int) -> dict:
+    """A job function (imported by name in the job process): ``always`` kills its process
+    every time, ``once`` only the first time (it leaves a marker file), the others return."""
+    marker = Path(cfg["marker"])
+    if name == "always" or (name == "once" and not marker.exists()):
+        marker.touch()
+        os._exit(9)
+    return {"variant": name, "repeat": repeat, "seed": seed}
+
+
+def test_a_job_whose_process_dies_twice_is_one_line_after_every_other_result(tmp_path):
+    cfg = {"marker": str(tmp_path / "died")}
+    jobs = [(r, r, name, cfg) for name in ("ok", "once", "always") for r in range(2)]
+    got = []
+    with pytest.raises(
+        FoltrError,
+        match=r"--jobs: 2 job\(s\) lost their process twice \(killed; out of memory\?\):"
+        r" always repeat 0, always repeat 1; every other repeat finished and is kept",
+    ):
+        for job, result in run_jobs(jobs, 2, work=dies_unless_marked):
+            got.append((job[2], job[0]))
+            assert result == {"variant": job[2], "repeat": job[0], "seed": job[1]}
+    assert sorted(got) == [("ok", 0), ("ok", 1), ("once", 0), ("once", 1)]
 
 
 @pytest.mark.skipif(
