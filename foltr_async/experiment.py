@@ -376,9 +376,15 @@ def _run_scenario(
 
     if remote is None and (jobs > 1 or executor != "local"):
         heap.forget()  # what the pre-run check built: the runs build their own, elsewhere
-        for (rep, seed, name, _), result in run_jobs(todo, jobs, executor):
-            observers.repeat_started(name, rep, seed)
-            finish(name, rep, result)
+        try:
+            for (rep, seed, name, _), result in run_jobs(todo, jobs, executor):
+                observers.repeat_started(name, rep, seed)
+                finish(name, rep, result)
+        except FoltrError as e:  # a job's own error: name its file and variant
+            if not hasattr(e, "job"):
+                raise
+            with located(scenario, e.job[2]):
+                raise
     elif remote is None:
         for rep, seed, name, cfg in todo:
             observers.repeat_started(name, rep, seed)

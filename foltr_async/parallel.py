@@ -112,6 +112,9 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
                         then="reported" if key in lost else "runs again after the others",
                     )
                     continue
+                except FoltrError as e:  # the run stops, as a serial one would
+                    e.job = job  # for the runner to say which
+                    raise
                 finally:
                     idle.append(ex)
                 yield job, result
@@ -146,7 +149,13 @@ def _ray(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]]:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                yield pending.pop(ref), ray.get(ref)
+                job = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except FoltrError as e:  # Ray re-raises it as an instance of its class
+                    e.job = job
+                    raise
+                yield job, result
     finally:
         if started:
             ray.shutdown()

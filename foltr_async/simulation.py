@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from foltr_async.errors import DatasetError, ScenarioError
+from foltr_async.errors import DatasetError, FoltrError, ScenarioError
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
@@ -219,7 +219,7 @@ class RunContext:
             test = _capped(test, cap)
         wants_clicks = any(m.startswith("maxrr") for m in metrics)
         return offline_metrics(
-            ranker.score(test.features),
+            held_out_scores(ranker, test.features),
             test,
             metrics,
             no_relevant=self.cfg["evaluation"]["no_relevant"],
@@ -232,10 +232,22 @@ def _capped(test: QuerySet, cap: int) -> QuerySet:
     return test.subset(np.arange(cap))
 
 
+def held_out_scores(ranker, features: np.ndarray) -> np.ndarray:
+    """The ranker's scores of held-out documents; a diverged model (nan or inf weights ranks
+    every query in one tie, a constant nDCG that looks like a result) stops the run instead."""
+    scores = ranker.score(features)
+    if not np.isfinite(scores).all():
+        raise FoltrError(
+            "the model diverged: its scores of the held-out documents are not all finite"
+            " (too large a federation.params.lr or attack scale?)"
+        )
+    return scores
+
+
 def evaluate_views(ranker, views: tuple[QuerySet, ...], no_relevant: str) -> dict[str, float]:
     """nDCG@10 on label views of one held-out set (features shared: scored once), their mean
     as ``ndcg@10`` and each view's as ``ndcg@10/<view name>``."""
-    scores = ranker.score(views[0].features)
+    scores = held_out_scores(ranker, views[0].features)
     out = {
         f"ndcg@10/{view.name}": offline_metrics(
             scores, view, ("ndcg@10",), no_relevant=no_relevant

@@ -125,3 +125,14 @@ def test_ray_executor_on_a_local_two_cpu_ray_gives_the_serial_results(tmp_path, 
     serial = _run(tmp_path, "serial")
     on_ray = _run(tmp_path, "ray", jobs=2, executor="ray")
     assert _without_wall_time(on_ray) == _without_wall_time(serial)
+
+
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_diverged_model_stops_the_run_in_one_line_naming_its_variant(tmp_path, jobs):
+    """lr = 1e308 overflows the weights to inf: the scores are nan, every query one tie, and
+    the nDCG a constant that would look like a result."""
+    path = tmp_path / "par.toml"
+    path.write_text(SCENARIO.replace('"fpdgd"', '"fpdgd"\nparams = { lr = 1e308 }'))
+    with pytest.raises(FoltrError, match=r"par.toml \[variant [\w-]+\]: the model diverged"):
+        run_scenario(load_scenario(path), tmp_path / "out", Observer(), jobs=jobs)
