@@ -417,8 +417,9 @@ class Simulation:
         cfg, fed = self.cfg, self.cfg["federation"]
         try:
             data = load_datasets(cfg)
-        except DatasetError as e:  # name the scenario key that pointed at the file
-            raise DatasetError(f"dataset.path: {e}") from None
+        except DatasetError as e:  # name the scenario key behind it
+            key = "dataset.path" if cfg["dataset"]["path"] else "dataset.n_queries"
+            raise DatasetError(f"{key}: {e}") from None
         entry = REGISTRY.protocols[fed["protocol"]]
         n_mal = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
         self.probe = Probe()

@@ -81,6 +81,21 @@ def test_profiles_and_unknown_profile():
         make_dataset("mq2007-like", 0, n_queries=2)
 
 
+def test_a_size_beyond_this_machines_memory_is_refused_before_allocating(tmp_path):
+    from foltr_async.experiment import check_scenario
+    from foltr_async.scenario.load import load_scenario
+
+    with pytest.raises(DatasetError, match=r"mslr-like: n_queries = 10000000000 needs ~\S+ GB"):
+        make_dataset("mslr-like", 0, n_queries=10**10, cache=False)
+    path = tmp_path / "big.toml"
+    path.write_text(
+        '[scenario]\nname = "big"\n[dataset]\nprofile = "mslr-like"\nn_queries = 10000000000\n'
+        '[federation]\nprotocol = "fpdgd"\n'
+    )
+    with pytest.raises(DatasetError, match=r"big.toml: dataset.n_queries: .* more than this"):
+        check_scenario(load_scenario(path))
+
+
 def test_same_seed_same_data_other_seed_other_data():
     a = make_dataset("mslr-like", 11, n_queries=60)
     b = make_dataset("mslr-like", 11, n_queries=60)

@@ -58,6 +58,7 @@ istella-like and intent-change-like level off after about 10k. Default sizes gen
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,6 +300,22 @@ def make_dataset_files(
 # --------------------------------------------------------------------------------------------
 
 
+def _fits_in_memory(p: Profile, nq: int) -> None:
+    """Refuse a size this machine cannot hold, before allocating, rather than let the
+    out-of-memory killer end the run. Generating costs about 10 bytes per document and column
+    (float32 features plus 32 latent and working columns, 2.5 copies at the peak: measured)."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no check
+        return
+    need = nq * p.docs_mean * (p.n_features + 32) * 10
+    if need > ram:
+        raise DatasetError(
+            f"synthetic profile {p.name}: n_queries = {nq} needs ~{need / 2**30:,.0f} GB to"
+            f" generate, more than this machine's {ram / 2**30:,.0f} GB"
+        )
+
+
 def _build(
     p: Profile, seed: int, n_queries: int | None, *, features: bool = True
 ) -> tuple[dict[str, QuerySet], dict[str, np.ndarray]]:
@@ -307,6 +324,7 @@ def _build(
     nq = p.n_queries if n_queries is None else int(n_queries)
     if nq < 5:
         raise DatasetError(f"synthetic profile {p.name}: n_queries must be at least 5, got {nq}")
+    _fits_in_memory(p, nq)
     model = stream(seed, "synthetic", p.name, "model")  # the collection's fixed structure
     draw = stream(seed, "synthetic", p.name, "data", nq)  # the sampled queries and documents
 
