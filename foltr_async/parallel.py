@@ -118,9 +118,11 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
                 finally:
                     idle.append(ex)
                 yield job, result
+    except BaseException:  # an error, Ctrl-C or a consumer that stopped: the run ends now
+        for ex, _ in busy.values():
+            _stop(ex)
+        raise
     finally:
-        for fut in busy:
-            fut.cancel()
         for ex in idle + [ex for ex, _ in busy.values()]:
             ex.shutdown(cancel_futures=True)
     if lost:
@@ -129,6 +131,16 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
             f"--jobs: {len(lost)} job(s) lost their process twice (killed; out of memory?):"
             f" {names}; every other repeat finished and is kept"
         )
+
+
+def _stop(ex: cf.ProcessPoolExecutor) -> None:
+    """End a busy executor's process rather than wait for a job whose result nobody takes."""
+    stop = getattr(ex, "terminate_workers", None)  # Python >= 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((ex._processes or {}).values()):
+        proc.terminate()
 
 
 def _ray(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]]:

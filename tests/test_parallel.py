@@ -136,3 +136,24 @@ def test_a_diverged_model_stops_the_run_in_one_line_naming_its_variant(tmp_path,
     path.write_text(SCENARIO.replace('"fpdgd"', '"fpdgd"\nparams = { lr = 1e308 }'))
     with pytest.raises(FoltrError, match=r"par.toml \[variant [\w-]+\]: the model diverged"):
         run_scenario(load_scenario(path), tmp_path / "out", Observer(), jobs=jobs)
+
+
+def fails_or_sleeps(cfg: dict, seed: int, name: str, repeat: int) -> dict:
+    """A job function: ``fails`` raises a one-line error, ``sleeps`` takes two minutes."""
+    import time
+
+    if name == "fails":
+        time.sleep(1)  # the other job is running by now
+        raise FoltrError("the model diverged")
+    time.sleep(120)
+    return {}
+
+
+def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs():
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(FoltrError, match="the model diverged") as err:
+        list(run_jobs([(0, 1, "sleeps", {}), (0, 1, "fails", {})], 2, work=fails_or_sleeps))
+    assert err.value.job[2] == "fails"
+    assert time.monotonic() - start < 60  # the sleeping job's process was ended
