@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures as cf
 import multiprocessing
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -78,8 +78,12 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
     a signal) loses only its own job. That job runs once more after the others; if its process
     dies again it is reported at the end, after every other result was handed over."""
     ctx = multiprocessing.get_context("spawn")
-    todo, lost, died = deque(jobs), [], set()
-    idle = [cf.ProcessPoolExecutor(1, mp_context=ctx) for _ in range(min(n, len(jobs)))]
+
+    def fresh() -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(1, mp_context=ctx)
+
+    todo, deaths = deque(jobs), Counter()
+    idle = [fresh() for _ in range(min(n, len(jobs)))]
     busy: dict[cf.Future, tuple[cf.ProcessPoolExecutor, Job]] = {}
     try:
         while todo or busy:
@@ -89,7 +93,7 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
                     busy[ex.submit(work, *_args(job))] = ex, job
                 except cf.process.BrokenProcessPool:  # its idle process was killed
                     ex.shutdown(wait=False)
-                    idle.append(cf.ProcessPoolExecutor(1, mp_context=ctx))
+                    idle.append(fresh())
                     todo.appendleft(job)
             done, _ = cf.wait(busy, return_when=cf.FIRST_COMPLETED)
             for fut in done:
@@ -98,18 +102,16 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
                     result = fut.result()
                 except cf.process.BrokenProcessPool:
                     ex.shutdown(wait=False)
-                    ex = cf.ProcessPoolExecutor(1, mp_context=ctx)
+                    ex = fresh()
                     key = (job[2], job[0])
-                    if key in died:
-                        lost.append(key)
-                    else:
-                        died.add(key)
+                    deaths[key] += 1
+                    if deaths[key] == 1:
                         todo.append(job)
                     log.warning(
                         "job_process_died",
                         variant=job[2],
                         repeat=job[0],
-                        then="reported" if key in lost else "runs again after the others",
+                        then="runs again after the others" if deaths[key] == 1 else "reported",
                     )
                     continue
                 except FoltrError as e:  # the run stops, as a serial one would
@@ -125,8 +127,9 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
     finally:
         for ex in idle + [ex for ex, _ in busy.values()]:
             ex.shutdown(cancel_futures=True)
+    lost = sorted(key for key, count in deaths.items() if count > 1)
     if lost:
-        names = ", ".join(f"{name} repeat {rep}" for name, rep in sorted(lost))
+        names = ", ".join(f"{name} repeat {rep}" for name, rep in lost)
         raise FoltrError(
             f"--jobs: {len(lost)} job(s) lost their process twice (killed; out of memory?):"
             f" {names}; every other repeat finished and is kept"
