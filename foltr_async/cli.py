@@ -27,7 +27,7 @@ RESULT_FILES = (
 )
 #: exit code of a finished run in which some variant learned nothing
 NOTHING_LEARNED = 3
-COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys")
+COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys", "merge")
 
 
 def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make, bench, serve, join, keys.",
+            "validate SCENARIO, list, dataset make, bench, serve, join, keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument(
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bench": _cmd_bench,
                 "join": _cmd_join,
                 "keys": _cmd_keys,
+                "merge": _cmd_merge,
             }[cmd](rest)
         return _cmd_run(argv)
     except FoltrError as e:
@@ -337,7 +338,7 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
         return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    held = [n for n in RESULT_FILES if (out / n).exists()]
+    held = _held(out)
     try:  # claim the folder: of two runs started on it at once, one gets it
         (out / "events.jsonl").open("x").close()
     except FileExistsError:
@@ -349,6 +350,11 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
             f"replaced. Give a new or empty folder{hint}"
         )
     return out
+
+
+def _held(out: Path) -> list[str]:
+    """The run result files ``out`` already holds."""
+    return [n for n in RESULT_FILES if (out / n).exists()]
 
 
 def _new_folder(base: Path) -> Path:
@@ -388,6 +394,32 @@ def _cmd_validate(argv: list[str]) -> int:
             f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"
         )
+    return 0
+
+
+def _cmd_merge(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m foltr_async merge",
+        description="One results folder from runs of one scenario made in parts (--only, other "
+        "machines): repeats pair by seed, the paired tests and Holm are over every variant.",
+    )
+    p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
+    p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
+    args = p.parse_args(argv)
+    from foltr_async.merge import merge_runs
+
+    held = _held(args.out)
+    if held:
+        raise FoltrError(
+            f"--out {args.out}: already holds a run's results ({', '.join(held)}); nothing was "
+            "replaced. Give a new or empty folder"
+        )
+    res = merge_runs(args.runs, args.out)
+    n = sum(len(v["repeats"]) for v in res["variants"].values())
+    print(
+        f"{args.out}: {len(res['variants'])} variants, {n} repeats"
+        f"{'' if res['complete'] else ' (a part was incomplete)'}"
+    )
     return 0
 
 

@@ -34,7 +34,7 @@ CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
 #: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
 #: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
 EXTRA_CURVES = ("maxrr@10",)
-_OWN_KEYS = (
+OWN_KEYS = (
     "scenario",
     "seed",
     "config",
@@ -71,7 +71,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _final(values: list | None) -> float | None:
+def final_value(values: list | None) -> float | None:
     """The metric at the last evaluated round (None if the repeat evaluated nothing)."""
     return values[-1] if values else None
 
@@ -106,7 +106,8 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
         metrics += [k for k in (rep.get("offline") or {}) if k not in metrics]
         online_keys += [k for k in (rep.get("online") or {}) if k not in online_keys]
     final = {
-        m: summarise(_final((rep.get("offline") or {}).get(m)) for rep in repeats) for m in metrics
+        m: summarise(final_value((rep.get("offline") or {}).get(m)) for rep in repeats)
+        for m in metrics
     }
     online = {
         k: summarise((rep.get("online") or {}).get(k) for rep in repeats) for k in online_keys
@@ -146,7 +147,9 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
         return []
 
     def finals(repeats: list[dict]) -> dict:
-        return {rep.get("seed"): _final((rep.get("offline") or {}).get(metric)) for rep in repeats}
+        return {
+            rep.get("seed"): final_value((rep.get("offline") or {}).get(metric)) for rep in repeats
+        }
 
     ref = finals(variants[reference])
     out = []
@@ -395,7 +398,7 @@ class ResultsWriter(Observer):
         """Marks the results complete, unless ``results`` says ``"interrupted": true``; other
         top-level keys the writer does not own are kept in results.json."""
         self._complete = not results.get("interrupted", False)
-        self._extra.update({k: copy.deepcopy(v) for k, v in results.items() if k not in _OWN_KEYS})
+        self._extra.update({k: copy.deepcopy(v) for k, v in results.items() if k not in OWN_KEYS})
         self.write(force_plot=True)
 
     # --- results -----------------------------------------------------------------------------

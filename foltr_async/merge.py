@@ -1,0 +1,129 @@
+"""One results folder from runs of one scenario made in parts (``--only`` on one machine and
+another, or a variant added later), as if a single run had made them.
+
+Repeat ``r`` of every variant runs with seed ``scenario.seed + r``, so the parts pair up by
+seed: summaries, the paired tests against the reference and their Holm correction are
+computed over the whole family, which separate tables cannot give. A variant two parts both
+ran must agree, repeat by repeat, on its settings and final metric; if they do not (another
+version of the code or data), nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from foltr_async.errors import FoltrError
+from foltr_async.experiment import conclusions
+from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value
+
+#: how far the same repeat's final metric may differ between two parts (float noise only)
+AGREE = 1e-9
+
+
+def load_results(path: Path) -> dict:
+    """A run's results.json, given the file or its folder; one line if it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise FoltrError(f"{path}: no such run folder or results.json")
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        res = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise FoltrError(f"{file}: not a readable results.json ({exc})") from None
+    if not isinstance(res, dict) or not isinstance(res.get("variants"), dict):
+        raise FoltrError(f"{file}: not a run's results.json (no 'variants' table)")
+    return res
+
+
+def merge_runs(parts: list[Path], out: Path) -> dict:
+    """Write the merged results of ``parts`` into ``out`` (results.json, curves.csv, summary.md,
+    curves.png); returns the merged results."""
+    if len(parts) < 2:
+        raise FoltrError("merge: give at least two run folders")
+    runs = [(str(p), load_results(p)) for p in parts]
+    first_label, first = runs[0]
+    for label, res in runs[1:]:
+        for key in ("scenario", "seed", "metric"):
+            if res.get(key) != first.get(key):
+                raise FoltrError(
+                    f"{label}: {key} = {res.get(key)!r}, but {first_label} has "
+                    f"{first.get(key)!r}: not parts of one scenario run"
+                )
+    references = {res["reference"] for _, res in runs if res.get("reference")}
+    if len(references) > 1:
+        raise FoltrError(f"merge: the parts name different references: {sorted(references)}")
+    metric = first.get("metric", "ndcg@10")
+    config, repeats, owner = {}, {}, {}
+    for label, res in runs:
+        for name, entry in res["variants"].items():
+            cfg = (res.get("config") or {}).get(name)
+            if name in config and cfg != config[name]:
+                raise FoltrError(
+                    f"variant {name}: its settings differ between {owner[name]} and {label} "
+                    f"({_difference(config[name], cfg)})"
+                )
+            config.setdefault(name, cfg)
+            owner.setdefault(name, label)
+            mine = repeats.setdefault(name, {})
+            for rep in entry["repeats"]:
+                r = rep.get("repeat")
+                if r in mine:
+                    _check_same(name, r, metric, mine[r], rep, owner[name], label)
+                else:
+                    mine[r] = rep
+    extra = {}
+    for label, res in runs:
+        for key, value in res.items():
+            if key in OWN_KEYS or key == "interrupted":  # the merge's own status
+                continue
+            if key in extra and extra[key] != value:
+                raise FoltrError(f"merge: the parts disagree on {key!r} ({label})")
+            extra[key] = value
+    writer = ResultsWriter(
+        out,
+        scenario=first["scenario"],
+        seed=first["seed"],
+        config=config,
+        reference=next(iter(references), None),
+        metric=metric,
+        conclusions=conclusions,
+    )
+    planned = [res.get("planned") or {} for _, res in runs]
+    writer.run_started(
+        {
+            "variants": list(repeats),
+            "repeats": max((p.get("repeats") or 0 for p in planned), default=0) or None,
+            "rounds": {k: v for p in planned for k, v in (p.get("rounds") or {}).items()},
+        }
+    )
+    for name, mine in repeats.items():
+        for r in sorted(mine, key=lambda r: (r is None, r or 0)):
+            writer.repeat_done(name, r, mine[r])
+    complete = all(res.get("complete") for _, res in runs)
+    writer.run_done(extra if complete else {**extra, "interrupted": True})
+    return writer.results
+
+
+def _check_same(name: str, r, metric: str, a: dict, b: dict, la: str, lb: str) -> None:
+    """The same repeat in two parts: same seed and (to float noise) the same final metric."""
+    if a.get("seed") != b.get("seed"):
+        raise FoltrError(
+            f"variant {name} repeat {r}: seed {a.get('seed')} in {la} but {b.get('seed')} in {lb}"
+        )
+    va, vb = (final_value((x.get("offline") or {}).get(metric)) for x in (a, b))
+    if va is None or vb is None or not math.isclose(va, vb, rel_tol=0, abs_tol=AGREE):
+        raise FoltrError(
+            f"variant {name} repeat {r} (seed {a.get('seed')}): final {metric} {va} in {la} but "
+            f"{vb} in {lb}; not the same code or data, so the parts cannot be paired"
+        )
+
+
+def _difference(a: object, b: object, key: str = "") -> str:
+    """The first setting two configs disagree on, as ``key: a vs b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _difference(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+    return f"{key or 'config'}: {a!r} vs {b!r}"

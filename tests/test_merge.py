@@ -1,0 +1,126 @@
+"""A scenario run in parts (--only) and merged gives the whole run's results, paired tests and
+Holm; parts that cannot be paired are refused in one line, with nothing written."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from foltr_async.cli import main
+
+SCENARIO = """
+[scenario]
+name = "parts"
+seed = 4
+repeats = 2
+reference = "fedavg"
+[dataset]
+n_queries = 60
+[federation]
+protocol = "fpdgd"
+clients = 4
+queries_per_client = 2
+rounds = 6
+[evaluation]
+every = 3
+[variants.fedavg]
+[[grid]]
+name = "attacked-{aggregator}"
+set = { agents = [{ behaviour = "scaled_reversal", count = 1 }] }
+product = { federation.aggregator = ["fedavg", "median"] }
+"""
+
+
+def _without_wall_time(obj):
+    if isinstance(obj, dict):
+        return {k: _without_wall_time(v) for k, v in obj.items() if k not in ("wall_s", "planned")}
+    if isinstance(obj, list):
+        return [_without_wall_time(v) for v in obj]
+    return obj
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """The whole run, and the same scenario in two parts: one with the reference, one without."""
+    root = tmp_path_factory.mktemp("merge")
+    scenario = root / "parts.toml"
+    scenario.write_text(SCENARIO)
+    for name, only in (
+        ("whole", []),
+        ("a", ["fedavg", "attacked-fedavg"]),
+        ("b", ["attacked-median"]),
+        ("overlap", ["fedavg", "attacked-median"]),
+        ("seed5", ["attacked-median"]),
+    ):
+        extra = [a for v in only for a in ("--only", v)]
+        extra += ["--seed", "5"] if name == "seed5" else []
+        argv = [str(scenario), "--out", str(root / name), "--quiet", *extra]
+        assert main(argv) == 0
+    return root
+
+
+def _read(path: Path) -> dict:
+    return json.loads((path / "results.json").read_text())
+
+
+def test_parts_merge_into_the_whole_run(runs, capsys):
+    out = runs / "merged"
+    assert (
+        main(["merge", str(runs / "a"), str(runs / "b"), str(runs / "overlap"), "--out", str(out)])
+        == 0
+    )
+    assert "3 variants, 6 repeats" in capsys.readouterr().out
+    merged, whole = _read(out), _read(runs / "whole")
+    assert merged["complete"] and list(merged["variants"]) == list(whole["variants"])
+    assert _without_wall_time(merged["variants"]) == _without_wall_time(whole["variants"])
+    # part b alone has no reference; merged, its variant is tested and Holm counts all three
+    assert _read(runs / "b")["comparisons"] == []
+    assert merged["comparisons"] == whole["comparisons"] and len(merged["comparisons"]) == 2
+    assert merged["conclusions"] == whole["conclusions"]
+    assert (out / "curves.png").exists()
+
+
+def test_parts_of_other_runs_are_refused_with_nothing_written(runs, capsys, tmp_path):
+    out = tmp_path / "merged"
+    assert main(["merge", str(runs / "a"), str(runs / "seed5"), "--out", str(out)]) == 2
+    assert "seed = 5, but" in capsys.readouterr().err
+    # the same variant with another result: another version of the code or data
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    res = _read(runs / "overlap")
+    res["variants"]["fedavg"]["repeats"][1]["offline"]["ndcg@10"][-1] += 0.01
+    (tampered / "results.json").write_text(json.dumps(res))
+    assert main(["merge", str(runs / "a"), str(tampered), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "variant fedavg repeat 1 (seed 5): final ndcg@10" in err and "cannot be paired" in err
+    # the same variant with other settings
+    res = _read(runs / "overlap")
+    res["config"]["fedavg"]["federation"]["rounds"] = 7
+    (tampered / "results.json").write_text(json.dumps(res))
+    assert main(["merge", str(runs / "a"), str(tampered), "--out", str(out)]) == 2
+    assert "(federation.rounds: 6 vs 7)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_inputs_and_a_used_out_folder_are_one_line_errors(runs, capsys, tmp_path):
+    assert (
+        main(["merge", str(runs / "a"), str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    )
+    assert "nope: no such run folder or results.json" in capsys.readouterr().err
+    assert main(["merge", str(runs / "a"), str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "results.json: not a readable results.json" in capsys.readouterr().err
+    assert main(["merge", str(runs / "a"), "--out", str(tmp_path / "o")]) == 2
+    assert "at least two run folders" in capsys.readouterr().err
+    assert main(["merge", str(runs / "a"), str(runs / "b"), "--out", str(runs / "a")]) == 2
+    assert "already holds a run's results" in capsys.readouterr().err
+
+
+def test_an_incomplete_part_leaves_the_merge_incomplete(runs, tmp_path):
+    part = tmp_path / "part"
+    part.mkdir()
+    res = _read(runs / "b")
+    res["complete"] = False
+    (part / "results.json").write_text(json.dumps(res))
+    out = tmp_path / "merged"
+    assert main(["merge", str(runs / "a"), str(part), "--out", str(out)]) == 0
+    assert _read(out)["complete"] is False
