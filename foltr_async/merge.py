@@ -69,6 +69,8 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
             mine = repeats.setdefault(name, {})
             for rep in entry["repeats"]:
                 r = rep.get("repeat")
+                if not isinstance(r, int):
+                    raise FoltrError(f"{label}: variant {name}: a repeat without its index")
                 if r in mine:
                     _check_same(name, r, metric, mine[r], rep, owner[name], label)
                 else:
@@ -99,14 +101,14 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
         }
     )
     for name, mine in repeats.items():
-        for r in sorted(mine, key=lambda r: (r is None, r or 0)):
-            writer.repeat_done(name, r, mine[r])
+        for r in sorted(mine):
+            writer.add(name, r, mine[r])
     complete = all(res.get("complete") for _, res in runs)
     writer.run_done(extra if complete else {**extra, "interrupted": True})
     return writer.results
 
 
-def _check_same(name: str, r, metric: str, a: dict, b: dict, la: str, lb: str) -> None:
+def _check_same(name: str, r: int, metric: str, a: dict, b: dict, la: str, lb: str) -> None:
     """The same repeat in two parts: same seed and (to float noise) the same final metric."""
     if a.get("seed") != b.get("seed"):
         raise FoltrError(

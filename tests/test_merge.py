@@ -124,3 +124,9 @@ def test_an_incomplete_part_leaves_the_merge_incomplete(runs, tmp_path):
     out = tmp_path / "merged"
     assert main(["merge", str(runs / "a"), str(part), "--out", str(out)]) == 0
     assert _read(out)["complete"] is False
+
+
+def test_a_run_merged_with_itself_is_its_own_results_json(runs, tmp_path):
+    whole = runs / "whole"
+    assert main(["merge", str(whole), str(whole), "--out", str(tmp_path / "m")]) == 0
+    assert _read(tmp_path / "m") == _read(whole)

@@ -389,10 +389,14 @@ class ResultsWriter(Observer):
         self.write(plot=False)
 
     def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
+        self.add(variant, repeat, result)
+        self.write()
+
+    def add(self, variant: str, repeat: int, result: dict) -> None:
+        """Keep a finished repeat without rewriting the files (``merge`` adds many at once)."""
         rep = jsonable(result)  # a plain copy: numpy arrays and scalars become lists and floats
         rep.setdefault("repeat", repeat)
         self._repeats.setdefault(variant, {})[repeat] = rep
-        self.write()
 
     def run_done(self, results: dict) -> None:
         """Marks the results complete, unless ``results`` says ``"interrupted": true``; other
