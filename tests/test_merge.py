@@ -7,36 +7,10 @@ from pathlib import Path
 import pytest
 
 from foltr_async.cli import main
+from tests.test_parallel import SCENARIO as PARALLEL_SCENARIO
+from tests.test_parallel import _without_wall_time
 
-SCENARIO = """
-[scenario]
-name = "parts"
-seed = 4
-repeats = 2
-reference = "fedavg"
-[dataset]
-n_queries = 60
-[federation]
-protocol = "fpdgd"
-clients = 4
-queries_per_client = 2
-rounds = 6
-[evaluation]
-every = 3
-[variants.fedavg]
-[[grid]]
-name = "attacked-{aggregator}"
-set = { agents = [{ behaviour = "scaled_reversal", count = 1 }] }
-product = { federation.aggregator = ["fedavg", "median"] }
-"""
-
-
-def _without_wall_time(obj):
-    if isinstance(obj, dict):
-        return {k: _without_wall_time(v) for k, v in obj.items() if k not in ("wall_s", "planned")}
-    if isinstance(obj, list):
-        return [_without_wall_time(v) for v in obj]
-    return obj
+SCENARIO = PARALLEL_SCENARIO.replace('name = "par"', 'name = "parts"')
 
 
 @pytest.fixture(scope="module")
