@@ -182,6 +182,21 @@ def test_plot_curves_marks_partial(tmp_path):
     assert plots.metric_label("ndcg@10") == "nDCG@10"
 
 
+def test_a_legend_beside_the_axes_is_not_cut_off(tmp_path):
+    """Many variants put the legend right of the axes: long names widen the figure."""
+    import struct
+
+    def width(names):
+        curve = {"rounds": [1, 2], "mean": [0.1, 0.2], "std": [0.0, 0.0]}
+        res = {"metric": "ndcg@10", "variants": {n: {"summary": {"curve": curve}} for n in names}}
+        png = plots.plot_curves(res, tmp_path / "c.png").read_bytes()
+        return struct.unpack(">I", png[16:20])[0]  # IHDR width in pixels
+
+    short = width([f"v{i}" for i in range(6)])
+    long = width([f"9H-1M-unlearned-store{i}-n4-with-a-long-name" for i in range(6)])
+    assert long > short + 100
+
+
 class Recorder(Observer):
     def __init__(self):
         self.calls = []

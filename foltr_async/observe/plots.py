@@ -126,7 +126,8 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fig.savefig(tmp, format="png")
+        # a legend beside the axes is as wide as its longest name: the page grows to hold it
+        fig.savefig(tmp, format="png", bbox_inches="tight" if many and not extra else None)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
