@@ -93,17 +93,23 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
         conclusions=conclusions,
     )
     planned = [res.get("planned") or {} for _, res in runs]
+    n = max((p.get("repeats") or 0 for p in planned), default=0)
     writer.run_started(
         {
             "variants": list(repeats),
-            "repeats": max((p.get("repeats") or 0 for p in planned), default=0) or None,
+            "repeats": n or None,
             "rounds": {k: v for p in planned for k, v in (p.get("rounds") or {}).items()},
         }
     )
     for name, mine in repeats.items():
         for r in sorted(mine):
             writer.add(name, r, mine[r])
-    complete = all(res.get("complete") for _, res in runs)
+    # complete when every planned repeat of every variant is here, whichever part ran it (a
+    # part that lost a repeat, with the variant run again, merges into a complete run)
+    if n:
+        complete = all(set(range(n)) <= set(mine) for mine in repeats.values())
+    else:  # results without their plan
+        complete = all(res.get("complete") for _, res in runs)
     writer.run_done(extra if complete else {**extra, "interrupted": True})
     return writer.results
 

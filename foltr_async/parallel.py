@@ -132,7 +132,8 @@ def _local(jobs: list[Job], n: int, work: Callable) -> Iterator[tuple[Job, dict]
         names = ", ".join(f"{name} repeat {rep}" for name, rep in lost)
         raise FoltrError(
             f"--jobs: {len(lost)} job(s) lost their process twice (killed; out of memory?):"
-            f" {names}; every other repeat finished and is kept"
+            f" {names}; every other repeat finished and is kept (run those variants again with"
+            " --only into another folder, then merge the two folders)"
         )
 
 

@@ -89,15 +89,21 @@ def test_bad_inputs_and_a_used_out_folder_are_one_line_errors(runs, capsys, tmp_
     assert "already holds a run's results" in capsys.readouterr().err
 
 
-def test_an_incomplete_part_leaves_the_merge_incomplete(runs, tmp_path):
+def test_a_lost_repeat_run_again_makes_the_merge_complete(runs, tmp_path):
+    """A --jobs run lost a repeat (its process died twice): the variant run again with --only
+    fills it in; without that part the merge stays incomplete."""
     part = tmp_path / "part"
     part.mkdir()
-    res = _read(runs / "b")
+    res = _read(runs / "whole")
+    res["variants"]["attacked-median"]["repeats"].pop()
     res["complete"] = False
     (part / "results.json").write_text(json.dumps(res))
-    out = tmp_path / "merged"
-    assert main(["merge", str(runs / "a"), str(part), "--out", str(out)]) == 0
-    assert _read(out)["complete"] is False
+    assert main(["merge", str(part), str(runs / "a"), "--out", str(tmp_path / "m1")]) == 0
+    assert _read(tmp_path / "m1")["complete"] is False
+    assert main(["merge", str(part), str(runs / "b"), "--out", str(tmp_path / "m2")]) == 0
+    merged = _read(tmp_path / "m2")
+    assert merged["complete"] is True
+    assert merged["comparisons"] == _read(runs / "whole")["comparisons"]
 
 
 def test_a_run_merged_with_itself_is_its_own_results_json(runs, tmp_path):
