@@ -418,7 +418,7 @@ def _cmd_merge(argv: list[str]) -> int:
     n = sum(len(v["repeats"]) for v in res["variants"].values())
     print(
         f"{args.out}: {len(res['variants'])} variants, {n} repeats"
-        f"{'' if res['complete'] else ' (a part was incomplete)'}"
+        f"{'' if res['complete'] else '; not complete: some planned repeats are in no part'}"
     )
     return 0
 
