@@ -89,7 +89,7 @@ def test_bad_inputs_and_a_used_out_folder_are_one_line_errors(runs, capsys, tmp_
     assert "already holds a run's results" in capsys.readouterr().err
 
 
-def test_a_lost_repeat_run_again_makes_the_merge_complete(runs, tmp_path):
+def test_a_lost_repeat_run_again_makes_the_merge_complete(runs, tmp_path, capsys):
     """A --jobs run lost a repeat (its process died twice): the variant run again with --only
     fills it in; without that part the merge stays incomplete."""
     part = tmp_path / "part"
@@ -100,6 +100,7 @@ def test_a_lost_repeat_run_again_makes_the_merge_complete(runs, tmp_path):
     (part / "results.json").write_text(json.dumps(res))
     assert main(["merge", str(part), str(runs / "a"), "--out", str(tmp_path / "m1")]) == 0
     assert _read(tmp_path / "m1")["complete"] is False
+    assert "not complete: some planned repeats are in no part" in capsys.readouterr().out
     assert main(["merge", str(part), str(runs / "b"), "--out", str(tmp_path / "m2")]) == 0
     merged = _read(tmp_path / "m2")
     assert merged["complete"] is True
