@@ -343,18 +343,23 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
         (out / "events.jsonl").open("x").close()
     except FileExistsError:
         held = held or ["events.jsonl"]
-    if held:
-        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
-        raise FoltrError(
-            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
-            f"replaced. Give a new or empty folder{hint}"
-        )
+    hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
+    _refuse_held(out, held, hint)
     return out
 
 
 def _held(out: Path) -> list[str]:
     """The run result files ``out`` already holds."""
     return [n for n in RESULT_FILES if (out / n).exists()]
+
+
+def _refuse_held(out: Path, held: list[str], hint: str = "") -> None:
+    """--out must be new or empty: one line naming what the folder already holds."""
+    if held:
+        raise FoltrError(
+            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
+            f"replaced. Give a new or empty folder{hint}"
+        )
 
 
 def _new_folder(base: Path) -> Path:
@@ -408,12 +413,7 @@ def _cmd_merge(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from foltr_async.merge import merge_runs
 
-    held = _held(args.out)
-    if held:
-        raise FoltrError(
-            f"--out {args.out}: already holds a run's results ({', '.join(held)}); nothing was "
-            "replaced. Give a new or empty folder"
-        )
+    _refuse_held(args.out, _held(args.out))
     res = merge_runs(args.runs, args.out)
     n = sum(len(v["repeats"]) for v in res["variants"].values())
     print(

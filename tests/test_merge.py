@@ -37,6 +37,13 @@ def _read(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
 
 
+def _write(path: Path, res: dict) -> Path:
+    """A run folder holding ``res`` (a part edited by the test)."""
+    path.mkdir(exist_ok=True)
+    (path / "results.json").write_text(json.dumps(res))
+    return path
+
+
 def test_parts_merge_into_the_whole_run(runs, capsys):
     out = runs / "merged"
     assert (
@@ -59,18 +66,16 @@ def test_parts_of_other_runs_are_refused_with_nothing_written(runs, capsys, tmp_
     assert main(["merge", str(runs / "a"), str(runs / "seed5"), "--out", str(out)]) == 2
     assert "seed = 5, but" in capsys.readouterr().err
     # the same variant with another result: another version of the code or data
-    tampered = tmp_path / "tampered"
-    tampered.mkdir()
     res = _read(runs / "overlap")
     res["variants"]["fedavg"]["repeats"][1]["offline"]["ndcg@10"][-1] += 0.01
-    (tampered / "results.json").write_text(json.dumps(res))
+    tampered = _write(tmp_path / "tampered", res)
     assert main(["merge", str(runs / "a"), str(tampered), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "variant fedavg repeat 1 (seed 5): final ndcg@10" in err and "cannot be paired" in err
     # the same variant with other settings
     res = _read(runs / "overlap")
     res["config"]["fedavg"]["federation"]["rounds"] = 7
-    (tampered / "results.json").write_text(json.dumps(res))
+    _write(tampered, res)
     assert main(["merge", str(runs / "a"), str(tampered), "--out", str(out)]) == 2
     assert "(federation.rounds: 6 vs 7)" in capsys.readouterr().err
     assert not out.exists()
@@ -92,12 +97,10 @@ def test_bad_inputs_and_a_used_out_folder_are_one_line_errors(runs, capsys, tmp_
 def test_a_lost_repeat_run_again_makes_the_merge_complete(runs, tmp_path, capsys):
     """A --jobs run lost a repeat (its process died twice): the variant run again with --only
     fills it in; without that part the merge stays incomplete."""
-    part = tmp_path / "part"
-    part.mkdir()
     res = _read(runs / "whole")
     res["variants"]["attacked-median"]["repeats"].pop()
     res["complete"] = False
-    (part / "results.json").write_text(json.dumps(res))
+    part = _write(tmp_path / "part", res)
     assert main(["merge", str(part), str(runs / "a"), "--out", str(tmp_path / "m1")]) == 0
     assert _read(tmp_path / "m1")["complete"] is False
     assert "not complete: some planned repeats are in no part" in capsys.readouterr().out

@@ -14,9 +14,11 @@ the current code (``foltr_async.experiment.conclusions``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from foltr_async.errors import FoltrError
+from foltr_async.merge import load_results
 
 
 def _ms(s: dict | None, fmt: str = ".4f") -> str:
@@ -127,11 +129,10 @@ def main() -> None:
         help="another final offline metric as a column (e.g. ndcg@5, ndcg@10_personal)",
     )
     args = ap.parse_args()
-    path = args.results / "results.json" if args.results.is_dir() else args.results
     try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        sys.exit(f"repro_table: {path}: not a readable results.json ({exc})")
+        results = load_results(args.results)
+    except FoltrError as exc:
+        sys.exit(f"repro_table: {exc}")
     print(table(results, args.only, args.metric), end="")
     cs = csfltr_table(results, args.only)
     if cs:

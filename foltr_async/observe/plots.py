@@ -104,7 +104,8 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
         title += " (partial)"
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if many and not extra:
+    beside = many and not extra  # the legend right of the axes, as wide as its longest name
+    if beside:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     elif many:  # other panels on the right: the legend stays inside
         ax.legend(loc="best", fontsize="x-small", frameon=False)
@@ -126,8 +127,7 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        # a legend beside the axes is as wide as its longest name: the page grows to hold it
-        fig.savefig(tmp, format="png", bbox_inches="tight" if many and not extra else None)
+        fig.savefig(tmp, format="png", bbox_inches="tight" if beside else None)  # fits it
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

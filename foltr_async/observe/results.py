@@ -71,8 +71,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def final_value(values: list | None) -> float | None:
-    """The metric at the last evaluated round (None if the repeat evaluated nothing)."""
+def final_value(rep: dict, metric: str) -> float | None:
+    """A repeat's ``metric`` at its last evaluated round (None if it evaluated nothing)."""
+    values = (rep.get("offline") or {}).get(metric)
     return values[-1] if values else None
 
 
@@ -105,10 +106,7 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
     for rep in repeats:
         metrics += [k for k in (rep.get("offline") or {}) if k not in metrics]
         online_keys += [k for k in (rep.get("online") or {}) if k not in online_keys]
-    final = {
-        m: summarise(final_value((rep.get("offline") or {}).get(m)) for rep in repeats)
-        for m in metrics
-    }
+    final = {m: summarise(final_value(rep, m) for rep in repeats) for m in metrics}
     online = {
         k: summarise((rep.get("online") or {}).get(k) for rep in repeats) for k in online_keys
     }
@@ -147,9 +145,7 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
         return []
 
     def finals(repeats: list[dict]) -> dict:
-        return {
-            rep.get("seed"): final_value((rep.get("offline") or {}).get(metric)) for rep in repeats
-        }
+        return {rep.get("seed"): final_value(rep, metric) for rep in repeats}
 
     ref = finals(variants[reference])
     out = []
