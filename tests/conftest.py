@@ -35,3 +35,25 @@ def shared_data(path: Path) -> Path:
 def mq2008_dir() -> Path:
     """The real MQ2008 sample that lives beside the project (never copied into it)."""
     return shared_data(MQ2008)
+
+
+def pytest_report_header(config):
+    """Say what the run computed on: results are bit-identical only for one platform."""
+    import platform
+
+    import numba
+    import numpy
+    import scipy
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    blas = os.environ.get("OPENBLAS_CORETYPE")
+    return (
+        f"platform: {platform.platform()}, CPU {cpu} ({os.cpu_count()} cores)"
+        + (f", OPENBLAS_CORETYPE={blas}" if blas else "")
+        + f"\nnumpy {numpy.__version__}, numba {numba.__version__}, scipy {scipy.__version__}"
+    )
