@@ -122,13 +122,13 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         action="append",
         default=[],
         choices=("mlflow", "tensorboard"),
-        help="also export every repeat to MLflow (OUT/mlruns) or TensorBoard (OUT/tensorboard); "
+        help="also export every repeat to MLflow (OUT/mlflow.db) or TensorBoard (OUT/tensorboard); "
         "needs the tracking extra",
     )
     p.add_argument(
         "--mlflow-uri",
         metavar="URI",
-        help="MLflow tracking URI (default: a file store in OUT/mlruns)",
+        help="MLflow tracking URI (default: sqlite:///OUT/mlflow.db)",
     )
     p.add_argument(
         "--checkpoint-every",

@@ -1,22 +1,25 @@
-"""Export runs to experiment trackers: MLflow (a local file store by default) and TensorBoard.
+"""Export runs to experiment trackers: MLflow (a SQLite store in the results folder by default)
+and TensorBoard.
 
-An observer like the results writer: each finished repeat becomes one MLflow run (nested under
-one run per scenario invocation) or one TensorBoard log folder, with the variant's resolved
-config as parameters (or text), every evaluated round's offline metrics, simulated time and
-privacy curve as step series, and the final, online, message, privacy and staleness numbers.
-The scenario run gets results.json, summary.md and curves.png as artifacts when the run ends.
+An observer like the results writer: each repeat becomes one MLflow run, created when the repeat
+starts and nested under one run per scenario invocation, or one TensorBoard log folder, with the
+variant's resolved config as parameters (or text), every evaluated round's offline metrics and
+simulated time as step series (logged as the round is evaluated, so a metric's timestamp is when
+its round was; runs under ``--jobs`` report a repeat when it ends, and their series carry that
+time), the privacy curve, and the final, online, message, privacy and staleness numbers. The
+scenario run gets results.json, summary.md and curves.png as artifacts when the run ends.
 
-Both libraries are optional (``pip install 'foltr-async[tracking]'``: mlflow-skinny and
-tensorboardX) and imported only when asked for; a missing one is a one-line error before the
-run starts. MLflow 3 keeps its file store in maintenance mode behind
-``MLFLOW_ALLOW_FILE_STORE``, which the default ``file:`` URI sets; any other tracking URI
-(``sqlite:///mlflow.db``, a server) is used as given.
+Both libraries are optional (``pip install 'foltr-async[tracking]'``: mlflow-skinny with
+SQLAlchemy and Alembic for its SQLite store, tensorboardX, and tensorboard to view the event
+files) and imported only when asked for; a missing one is a one-line error before the run
+starts. The default store is ``sqlite:///OUT/mlflow.db``, which current MLflow reads without
+flags (its file store is in maintenance mode since MLflow 3); ``--mlflow-uri`` takes any other.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -54,17 +57,25 @@ def flatten(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield prefix[:-1], json.dumps(cfg) if isinstance(cfg, list) else str(cfg)
 
 
-def series(result: dict) -> Iterator[tuple[str, float, int]]:
-    """(name, value, step) of a repeat: per evaluated round, then final numbers (step 0)."""
-    rounds = result.get("rounds") or []
-    for metric, values in (result.get("offline") or {}).items():
-        for r, v in zip(rounds, values, strict=False):
-            if v is not None:
-                yield f"offline/{metric}", float(v), int(r)
+def round_series(round: int, metrics: dict[str, float], sim_time: float):
+    """(name, value, step) of one evaluated round: its offline metrics and simulated time."""
+    for metric, v in metrics.items():
+        if v is not None:
+            yield f"offline/{metric}", float(v), int(round)
+    yield "sim_time_s", float(sim_time), int(round)
+
+
+def series(result: dict, per_round: bool = True) -> Iterator[tuple[str, float, int]]:
+    """(name, value, step) of a repeat: per evaluated round (unless they were logged as they
+    happened), then final numbers (step 0)."""
+    offline = result.get("offline") or {}
+    if per_round:
+        times = result.get("sim_times") or []
+        for i, (r, t) in enumerate(zip(result.get("rounds") or [], times, strict=False)):
+            yield from round_series(r, {m: vs[i] for m, vs in offline.items() if i < len(vs)}, t)
+    for metric, values in offline.items():
         if values and values[-1] is not None:
             yield f"final/{metric}", float(values[-1]), 0
-    for r, t in zip(rounds, result.get("sim_times") or [], strict=False):
-        yield "sim_time_s", float(t), int(r)
     privacy = result.get("privacy") or {}
     curve = privacy.get("curve") or {}
     for key, values in curve.items():
@@ -87,7 +98,7 @@ def series(result: dict) -> Iterator[tuple[str, float, int]]:
 
 
 class MlflowTracker(Observer):
-    """One MLflow run per repeat, nested under a run per scenario invocation."""
+    """One MLflow run per repeat, created when it starts, nested under a run per invocation."""
 
     def __init__(self, out_dir: Path, variants: dict[str, dict], uri: str | None = None) -> None:
         _need("mlflow", "mlflow")
@@ -96,18 +107,30 @@ class MlflowTracker(Observer):
         self.out_dir = Path(out_dir)
         self.variants = variants
         if uri is None:
-            uri = (self.out_dir / "mlruns").resolve().as_uri()
-        if uri.startswith("file:"):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            _need("sqlalchemy", "mlflow")  # the SQLite store's engine
+            _need("alembic", "mlflow")  # and its schema migrations
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            uri = f"sqlite:///{(self.out_dir / 'mlflow.db').resolve()}"
+            self.artifacts: str | None = (self.out_dir / "mlartifacts").resolve().as_uri()
+        else:
+            self.artifacts = None  # the tracking server's or store's own default
+        for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..."
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.parent: str | None = None
         self.experiment: str | None = None
+        self.children: dict[tuple[str, int], str] = {}
+        self.live: set[tuple[str, int]] = set()  # repeats whose rounds were logged as they ran
 
     def run_started(self, info: dict) -> None:
         name = info.get("scenario") or "scenario"
         exp = self.client.get_experiment_by_name(name)
-        self.experiment = exp.experiment_id if exp else self.client.create_experiment(name)
+        self.experiment = (
+            exp.experiment_id
+            if exp
+            else self.client.create_experiment(name, artifact_location=self.artifacts)
+        )
         run = self.client.create_run(
             self.experiment,
             run_name=f"{name} seed {info.get('seed')}",
@@ -115,8 +138,8 @@ class MlflowTracker(Observer):
         )
         self.parent = run.info.run_id
 
-    def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
-        from mlflow.entities import Metric, Param
+    def repeat_started(self, variant: str, repeat: int, seed: int) -> None:
+        from mlflow.entities import Param
 
         run = self.client.create_run(
             self.experiment,
@@ -125,18 +148,35 @@ class MlflowTracker(Observer):
                 "mlflow.parentRunId": self.parent,
                 "variant": variant,
                 "repeat": str(repeat),
-                "seed": str(result.get("seed")),
+                "seed": str(seed),
             },
         )
-        rid = run.info.run_id
-        now = int(time.time() * 1000)
+        self.children[(variant, repeat)] = run.info.run_id
         params = [Param(k[:250], v[:6000]) for k, v in flatten(self.variants.get(variant, {}))]
-        metrics = [Metric(metric_name(k), v, now, s) for k, v, s in series(result)]
         for i in range(0, len(params), 100):  # the batch limits of log_batch
-            self.client.log_batch(rid, params=params[i : i + 100])
+            self.client.log_batch(run.info.run_id, params=params[i : i + 100])
+
+    def round_done(self, variant, repeat, round, *, metrics, messages, sim_time) -> None:
+        rid = self.children.get((variant, repeat))
+        if metrics is None or rid is None:
+            return
+        self.live.add((variant, repeat))
+        self._log(rid, round_series(round, metrics, sim_time))
+
+    def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
+        rid = self.children.pop((variant, repeat))
+        live = (variant, repeat) in self.live
+        self.live.discard((variant, repeat))
+        self._log(rid, series(result, per_round=not live))
+        self.client.set_terminated(rid)
+
+    def _log(self, rid: str, points: Iterator[tuple[str, float, int]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(metric_name(k), v, now, s) for k, v, s in points]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(rid, metrics=metrics[i : i + 1000])
-        self.client.set_terminated(rid)
 
     def run_done(self, results: dict) -> None:
         if self.parent is None:
