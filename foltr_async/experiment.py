@@ -156,10 +156,16 @@ def conclusions(results: dict) -> list[str]:
                 + ", ".join(f"{k.replace('_', ' ')} {x:.3g}" for k, x in mean.items())
                 + "."
             )
-    same = results.get("equal_time")
-    if same:
-        at = ", ".join(f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"])
-        lines.append(f"{METRIC} at equal simulated time {same['time']:.0f} s: {at}.")
+    for key, where in (
+        ("equal_time", "simulated time {:.0f} s"),
+        ("equal_interactions", "{:,.0f} user interactions"),
+    ):
+        same = results.get(key)
+        if same:
+            at = ", ".join(
+                f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"]
+            )
+            lines.append(f"{METRIC} at equal {where.format(same['at'])}: {at}.")
     for comp in results.get("comparisons", []):
         if comp.get("diff_mean") is None:
             continue

@@ -103,6 +103,11 @@ class Probe(Checkpointed):
     def displayed(self, ndcg_value: float, owner: str = "", round: int = 0) -> None:
         self._shown.append((round, owner, ndcg_value))
 
+    @property
+    def interactions(self) -> int:
+        """Rankings shown to users so far (in this process)."""
+        return len(self._shown)
+
     def records(self, start: int = 0) -> list[tuple[int, str, float]]:
         """The displayed-ranking records from number ``start`` on, (round, owner, nDCG)."""
         return self._shown[start:]
@@ -601,6 +606,7 @@ class Simulation:
         self._rounds: list[int] = []
         self._curve: list[dict[str, float]] = []
         self._times: list[float] = []
+        self._interactions: list[int] = []  # user interactions so far, at each evaluation
         self._reports: list[RoundReport] = []
         self._live_table = len(self.agents) <= 200  # per-agent updates where a table shows them
 
@@ -697,6 +703,8 @@ class Simulation:
             "wall_s": time.perf_counter() - self._wall0,
             "sim_s": self._loop.time() - self._sim0,
         }
+        if self.remote is None:  # remote users' records arrive only at checkpoints and the end
+            result["interactions"] = self._interactions  # users' interactions by each evaluation
         result.update(self.proto.report())
         if isinstance(self.server, AsyncServerAgent):
             result["staleness"] = staleness_summary(self.server.staleness)
@@ -754,6 +762,7 @@ class Simulation:
             self._rounds.append(report.round)
             self._curve.append(report.metrics)
             self._times.append(sim_time)
+            self._interactions.append(self.probe.interactions)
         self.observer.round_done(
             self.variant,
             self.repeat,
@@ -855,6 +864,7 @@ class Simulation:
             "rounds": list(self._rounds),
             "curve": list(self._curve),
             "times": list(self._times),
+            "interactions": list(self._interactions),
             "reports": list(self._reports),
             "agents": self.capture_agents(local),
             "remote": remote,
@@ -873,6 +883,7 @@ class Simulation:
         self._rounds[:] = saved["rounds"]
         self._curve[:] = saved["curve"]
         self._times[:] = saved["times"]
+        self._interactions[:] = saved["interactions"]
         self._reports[:] = saved["reports"]
         for aid, agent in self.agents.items():  # a proxy's count comes from the round reports
             if getattr(agent, "remote", False):

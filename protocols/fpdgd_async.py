@@ -9,9 +9,17 @@ version the client started from.
 
 - FedAsync (Xie, Koyejo and Gupta 2019, "Asynchronous Federated Optimization"):
   ``w <- (1 - a) w + a w_client`` with ``a = alpha * s(tau)``; every update is a new version.
+  Its workers minimise ``f(y) + rho/2 ||y - w_sent||^2``: with ``rho`` > 0 every local PDGD
+  ascent step also takes ``-lr * rho * (y - w_sent)`` (the proximal step FedProx uses too).
 - FedBuff (Nguyen et al., AISTATS 2022, "Federated Learning with Buffered Asynchronous
   Aggregation"): the server buffers client deltas ``w_client - w_sent`` and, once it holds K,
-  steps ``w <- w + eta_g * (1/K) sum s(tau_i) delta_i`` (one new version per K updates).
+  treats ``g = (1/K) sum s(tau_i) delta_i`` as a pseudo-gradient for a server optimiser (one new
+  version per K updates); FedBuff is agnostic to that choice. ``server_optimizer = "sgd"``:
+  ``m <- beta1 m + g; w <- w + eta_g m`` (``server_momentum`` beta1 = 0: plain
+  ``w + eta_g g``; > 0: FedAvgM's server momentum, Hsu et al. 2019); ``"adam"``: FedAdam of Reddi
+  et al. (ICLR 2021, "Adaptive Federated Optimization"), ``m <- b1 m + (1 - b1) g``,
+  ``v <- b2 v + (1 - b2) g^2``, ``w <- w + eta_g m / (sqrt(v) + tau)`` (no bias correction, as
+  there).
 
 Staleness functions s (FedAsync's): constant 1; polynomial ``(1 + tau)^-a`` (a = 0.5 is
 FedBuff's ``1/sqrt(1 + tau)``); hinge ``1`` if ``tau <= b`` else ``1 / (a (tau - b) + 1)``.
@@ -32,6 +40,7 @@ from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
+from protocols.noniid import RemedyLearner
 
 
 @parameters
@@ -49,9 +58,40 @@ class Params:
     staleness_b: float = param(4.0, "b of the hinge staleness function", min=0.0)
     buffer: int = param(10, "FedBuff: updates per server step (K)", min=1)
     server_lr: float = param(1.0, "FedBuff: server learning rate eta_g", min=0.0)
+    server_optimizer: str = param(
+        "sgd", "FedBuff: server optimiser of the buffered pseudo-gradient", choices=("sgd", "adam")
+    )
+    server_momentum: float = param(
+        0.0, "FedBuff: server momentum beta1 (sgd: FedAvgM; adam: first moment)", min=0.0, max=1.0
+    )
+    server_beta2: float = param(0.99, "FedBuff adam: second-moment decay beta2", min=0.0, max=1.0)
+    server_tau: float = param(1e-3, "FedBuff adam: adaptivity tau (> 0)", min=1e-12)
+    rho: float = param(0.0, "FedAsync: workers' proximal weight rho (0: off)", min=0.0)
     period: float = param(10.0, "simulated seconds per reporting period (one round)", min=1e-9)
     #: not a scenario parameter: no DP here (see above), as the FPDGD learner reads it
     dp: ClassVar[bool] = False
+
+
+class ServerOptimizer:
+    """FedBuff's server step on the buffered pseudo-gradient ``g`` (an ascent direction here:
+    PDGD's updates point uphill): SGD with optional momentum, or FedAdam."""
+
+    def __init__(self, kind: str, lr: float, beta1: float, beta2: float, tau: float) -> None:
+        self.kind, self.lr, self.beta1, self.beta2, self.tau = kind, lr, beta1, beta2, tau
+        self.m: np.ndarray | None = None
+        self.v: np.ndarray | None = None
+
+    def step(self, w: np.ndarray, g: np.ndarray) -> np.ndarray:
+        if self.kind == "sgd":
+            if self.beta1 == 0.0:
+                return w + self.lr * g  # the plain step, bit for bit
+            self.m = g if self.m is None else self.beta1 * self.m + g
+            return w + self.lr * self.m
+        m = np.zeros_like(g) if self.m is None else self.m
+        v = np.zeros_like(g) if self.v is None else self.v
+        self.m = self.beta1 * m + (1.0 - self.beta1) * g
+        self.v = self.beta2 * v + (1.0 - self.beta2) * g * g
+        return w + self.lr * self.m / (np.sqrt(self.v) + self.tau)
 
 
 def staleness_weight(kind: str, tau: int, a: float, b: float) -> float:
@@ -76,7 +116,9 @@ class AsyncFPDGDStrategy(AsyncStrategy):
         self.alpha = p.alpha
         self.s = (p.staleness, p.staleness_a, p.staleness_b)
         self.k = p.buffer
-        self.server_lr = p.server_lr
+        self.optimizer = ServerOptimizer(
+            p.server_optimizer, p.server_lr, p.server_momentum, p.server_beta2, p.server_tau
+        )
         self.period = p.period
         self.ranker = ctx.new_ranker()
         self.model = self.ranker.get_params()
@@ -99,7 +141,7 @@ class AsyncFPDGDStrategy(AsyncStrategy):
         self.buffer.append(weight * (theta - self.sent.pop(reply.src)))
         if len(self.buffer) < self.k:
             return False
-        self.model = self.model + self.server_lr * np.mean(self.buffer, axis=0)
+        self.model = self.optimizer.step(self.model, np.mean(self.buffer, axis=0))
         self.buffer = []
         return True
 
@@ -109,7 +151,16 @@ class AsyncFPDGDStrategy(AsyncStrategy):
 
 
 class AsyncFPDGDClient(FPDGDClient):
-    """An FPDGD client that trains on every model it is handed (no unlearning store)."""
+    """An FPDGD client that trains on every model it is handed (no unlearning store); with
+    FedAsync's ``rho`` > 0 its local steps are proximal (one query at a time)."""
+
+    def __init__(
+        self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
+    ) -> None:
+        super().__init__(agent_id, ctx, queries, rng)
+        if ctx.params.rho > 0.0:
+            self.learner = RemedyLearner(ctx, queries, rng, agent_id, mu=ctx.params.rho)
+            self.pool = None
 
     @handles(MODEL)
     async def on_model(self, env) -> None:
@@ -127,6 +178,11 @@ class AsyncFPDGD(ProtocolRun):
             raise ScenarioError(
                 "federation.params.compute_time: expected a number > 0 for asynchronous FPDGD "
                 "(each training must take simulated time), got 0.0"
+            )
+        if (step := ctx.params.lr * ctx.params.rho) >= 2.0:
+            raise ScenarioError(
+                "federation.params.rho: expected lr * rho < 2 (the proximal step "
+                f"-lr * rho * (y - w) overshoots and diverges), got {step:g}"
             )
         if ctx.cfg["federation"].get("secure_aggregation"):
             raise ScenarioError(

@@ -388,10 +388,15 @@ class RemedyLearner(LocalLearner):
     """PDGD local training with FedProx's proximal step and shared data mixed in."""
 
     def __init__(
-        self, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator, owner: str
+        self,
+        ctx: RunContext,
+        queries: np.ndarray,
+        rng: np.random.Generator,
+        owner: str,
+        mu: float | None = None,
     ) -> None:
         super().__init__(ctx, queries, rng, None, owner)
-        self.mu = ctx.params.fedprox_mu
+        self.mu = ctx.params.fedprox_mu if mu is None else mu  # FedAsync's rho passes its own
         self.shared_users: Users | None = None  # data sharing: this client's share of G
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
-from foltr_async.observe.timecurve import at_common_time, is_timed
+from foltr_async.observe.timecurve import at_common, is_timed
 from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
@@ -18,7 +18,7 @@ from foltr_async.runtime.engine import RoundPlan
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols.fpdgd_async import staleness_weight
+from protocols.fpdgd_async import ServerOptimizer, staleness_weight
 
 register_kind("test_async.model", {"x": Int()})
 register_kind("test_async.update", {"x": Int()})
@@ -182,6 +182,78 @@ def test_variants_are_compared_at_the_latest_time_every_repeat_reached():
     assert not is_timed(variants)
     variants["async"][0]["staleness"] = {"updates": 0}
     assert is_timed(variants)
-    same = at_common_time(variants, "m")
-    assert same["time"] == 12.0
+    same = at_common(variants, "m")
+    assert same["time"] == same["at"] == 12.0
     assert same["variants"]["async"]["mean"] == 0.2 and same["variants"]["sync"]["mean"] == 0.6
+
+
+def test_variants_are_compared_at_the_most_interactions_every_repeat_reached():
+    """Asynchronous clients serve more users in the same time: equal interactions reads the
+    fast variant early in its run, where the slow one ended."""
+    variants = {
+        "async": [
+            {"interactions": [400, 800, 1200], "offline": {"m": [0.1, 0.2, 0.3]}},
+            {"interactions": [300, 700, 1100], "offline": {"m": [0.2, 0.3, 0.4]}},
+        ],
+        "sync": [
+            {"interactions": [200, 400], "offline": {"m": [0.5, 0.6]}},
+            {"interactions": [300, 500], "offline": {"m": [0.4, 0.7]}},
+        ],
+    }
+    same = at_common(variants, "m", "interactions")
+    assert same["at"] == 400 and "time" not in same
+    assert same["variants"]["async"]["mean"] == pytest.approx(0.15)  # 0.1 at 400, 0.2 at 300
+    assert same["variants"]["sync"]["mean"] == pytest.approx(0.5)  # 0.6 at 400, 0.4 at 300
+
+
+def test_results_report_interactions_by_each_evaluation_and_both_equal_horizons(variants):
+    a, _ = simulate(variants["fedasync"])
+    assert len(a["interactions"]) == len(a["sim_times"]) == 4
+    assert a["interactions"] == sorted(a["interactions"])  # cumulative
+    assert a["interactions"][-1] <= a["online"]["interactions"]
+    s, _ = simulate(variants["sync"])
+    assert s["interactions"] == [5 * 6 * 4]  # evaluated once, after 5 rounds of 6 x 4
+
+
+def test_fedbuff_server_optimisers_follow_their_formulas():
+    w, g1, g2 = np.array([1.0, -1.0]), np.array([0.5, 0.25]), np.array([-0.5, 1.0])
+    plain = ServerOptimizer("sgd", 0.1, 0.0, 0.99, 1e-3)
+    assert np.array_equal(plain.step(w, g1), w + 0.1 * g1)
+    avgm = ServerOptimizer("sgd", 0.1, 0.9, 0.99, 1e-3)  # FedAvgM: m = 0.9 m + g
+    w1 = avgm.step(w, g1)
+    np.testing.assert_allclose(avgm.step(w1, g2), w1 + 0.1 * (0.9 * g1 + g2))
+    adam = ServerOptimizer("adam", 0.1, 0.9, 0.99, 1e-3)  # FedAdam, no bias correction
+    m, v = 0.1 * g1, 0.01 * g1**2
+    np.testing.assert_allclose(adam.step(w, g1), w + 0.1 * m / (np.sqrt(v) + 1e-3))
+
+
+def test_fedbuff_with_server_momentum_moves_further_than_plain_sgd(variants):
+    """Same clients, same updates in the first step; momentum carries the earlier steps on."""
+    cfg = {**variants["fedbuff"]}
+    cfg["federation"] = {**cfg["federation"], "participation": 0.5, "rounds": 4}
+    params = {**cfg["federation"]["params"], "buffer": 3, "period": 10.0}
+    runs = {}
+    for beta in (0.0, 0.9):
+        cfg["federation"]["params"] = {**params, "server_momentum": beta}
+        runs[beta] = simulate(cfg)[1].proto.strategy.model
+    assert np.linalg.norm(runs[0.9]) > 1.5 * np.linalg.norm(runs[0.0])
+
+
+def test_fedasync_rho_keeps_local_models_near_the_model_they_started_from(variants):
+    """FedAsync's proximal term pulls every local step back toward the received model, so
+    from the zero model the mixed global model moves less than without it."""
+    moved = {}
+    for rho in (0.0, 10.0):
+        cfg = {**variants["fedasync"]}
+        cfg["federation"] = {**cfg["federation"], "rounds": 2}
+        cfg["federation"]["params"] = {**cfg["federation"]["params"], "rho": rho}
+        moved[rho] = np.linalg.norm(simulate(cfg)[1].proto.strategy.model)
+    assert 0.0 < moved[10.0] < 0.5 * moved[0.0]
+
+
+def test_a_rho_whose_proximal_step_overshoots_is_refused(variants):
+    cfg = {**variants["fedasync"]}
+    cfg["federation"] = {**cfg["federation"]}
+    cfg["federation"]["params"] = {**cfg["federation"]["params"], "rho": 20.0}
+    with pytest.raises(ScenarioError, match=r"rho: expected lr \* rho < 2"):
+        simulate(cfg)

@@ -76,7 +76,12 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
             curves.append((name, len(entry.get("repeats", [])), cur))
     idle = results.get("nothing_learned") or {}
     many = len(curves) > 4  # legend beside the axes, lighter bands: curves stay readable
-    extra = [p for p in (_time_panel(results), _privacy_panel(results)) if p is not None]
+    panels = (
+        _axis_panel(results, "sim_times", "simulated time (s)"),
+        _axis_panel(results, "interactions", "user interactions"),
+        _privacy_panel(results),
+    )
+    extra = [p for p in panels if p is not None]
     width = (9.5 if many else 7.5) + 5.0 * len(extra)
     fig = Figure(figsize=(width, 4.5), dpi=110)
     FigureCanvasAgg(fig)
@@ -134,9 +139,10 @@ def plot_curves(results: dict, path: Path, *, metric: str | None = None) -> Path
     return path
 
 
-def _time_panel(results: dict):
-    """Offline metric against simulated time, drawn when a variant ran asynchronously (its
-    evaluations are not at the same times as a round-based variant's), else None."""
+def _axis_panel(results: dict, axis: str, label: str):
+    """Offline metric against simulated time or user interactions, drawn when a variant ran
+    asynchronously (its evaluations are not at the same times, nor after the same number of
+    interactions, as a round-based variant's), else None."""
     variants = results.get("variants", {})
     if not is_timed({name: v.get("repeats", []) for name, v in variants.items()}):
         return None
@@ -145,15 +151,15 @@ def _time_panel(results: dict):
     def draw(ax) -> None:
         for name, entry in variants.items():
             reps = [r for r in entry.get("repeats", []) if (r.get("offline") or {}).get(metric)]
-            n = min((len(r.get("sim_times") or []) for r in reps), default=0)
+            n = min((len(r.get(axis) or []) for r in reps), default=0)
             if n == 0:
                 continue
-            times = np.mean([r["sim_times"][:n] for r in reps], axis=0)
+            xs = np.mean([r[axis][:n] for r in reps], axis=0)
             values = np.mean([r["offline"][metric][:n] for r in reps], axis=0)
-            ax.plot(times, values, lw=1.6, label=name)
-        ax.set_xlabel("simulated time (s)")
+            ax.plot(xs, values, lw=1.6, label=name)
+        ax.set_xlabel(label)
         ax.set_ylabel(f"offline {metric_label(metric)}")
-        ax.set_title("against simulated time")
+        ax.set_title(f"against {label.split(' (')[0]}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="small", frameon=False)
 

@@ -26,7 +26,7 @@ from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
 from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, summarise
-from foltr_async.observe.timecurve import at_common_time, is_timed
+from foltr_async.observe.timecurve import AXES, at_common, is_timed
 
 _log = structlog.get_logger("foltr_async.observe.results")
 
@@ -47,6 +47,7 @@ OWN_KEYS = (
     "complete",
     "nothing_learned",
     "equal_time",
+    "equal_interactions",
 )
 
 NO_RELEVANT = {
@@ -426,8 +427,9 @@ class ResultsWriter(Observer):
             "complete": self._complete,
             "nothing_learned": nothing_learned(summaries),
         }
-        if is_timed(variants):  # asynchronous variants: compare at equal simulated time
-            res["equal_time"] = at_common_time(variants, self.metric)
+        if is_timed(variants):  # asynchronous variants: at equal simulated time, interactions
+            for axis, key in AXES.items():
+                res[key] = at_common(variants, self.metric, axis)
         res.update(self._extra)
         return jsonable(res)
 

@@ -1,9 +1,12 @@
-"""Variants compared at equal simulated time, for runs whose evaluations are not round-aligned.
+"""Variants compared at equal simulated time and at equal user interactions, for runs whose
+evaluations are not round-aligned.
 
 A synchronous round lasts until its slowest selected client replies; an asynchronous server
 reports every fixed period. Their final metrics are therefore measured at different simulated
-times, and "final" would reward whichever ran longer. Here every variant is read at one horizon:
-the latest simulated time every repeat of every variant reached, taking each repeat's last
+times, and "final" would reward whichever ran longer. In the same simulated time, asynchronous
+clients also serve several times more users (fast devices never idle), so equal time mixes speed
+with data. Here every variant is read at one horizon on each axis: the latest simulated time
+(or interaction count) every repeat of every variant reached, taking each repeat's last
 evaluation at or before it.
 """
 
@@ -11,30 +14,35 @@ from __future__ import annotations
 
 from foltr_async.observe.stats import summarise
 
+#: axis key in a repeat's result -> the results.json key of the comparison on it
+AXES = {"sim_times": "equal_time", "interactions": "equal_interactions"}
+
 
 def is_timed(variants: dict[str, list[dict]]) -> bool:
     """True when some repeat ran asynchronously (it reports its staleness)."""
     return any("staleness" in rep for reps in variants.values() for rep in reps)
 
 
-def at_common_time(variants: dict[str, list[dict]], metric: str) -> dict | None:
-    """``{"time": T, "variants": {name: mean/std/n of the metric at T}}``, or None when no
-    repeat has evaluations with simulated times."""
-    ends = [
-        rep["sim_times"][-1] for reps in variants.values() for rep in reps if rep.get("sim_times")
-    ]
+def at_common(variants: dict[str, list[dict]], metric: str, axis: str = "sim_times") -> dict | None:
+    """``{"at": X, "axis": axis, "variants": {name: mean/std/n of the metric at X}}`` (``time``
+    too for simulated time), or None when no repeat has evaluations on that axis."""
+    ends = [rep[axis][-1] for reps in variants.values() for rep in reps if rep.get(axis)]
     if not ends:
         return None
     horizon = min(ends)
 
     def value(rep: dict) -> float | None:
-        times = rep.get("sim_times") or []
+        xs = rep.get(axis) or []
         values = (rep.get("offline") or {}).get(metric) or []
-        seen = [v for t, v in zip(times, values, strict=False) if t <= horizon + 1e-9]
+        seen = [v for x, v in zip(xs, values, strict=False) if x <= horizon + 1e-9]
         return seen[-1] if seen else None
 
-    return {
-        "time": horizon,
+    out = {
+        "at": horizon,
+        "axis": axis,
         "metric": metric,
         "variants": {name: summarise(value(r) for r in reps) for name, reps in variants.items()},
     }
+    if axis == "sim_times":
+        out["time"] = horizon
+    return out
