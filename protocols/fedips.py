@@ -1,4 +1,4 @@
-"""FedIPS: federated unbiased learning to rank from position-biased clicks (Li & Ouyang, 2021).
+"""FedIPS: federated unbiased learning to rank from position-biased clicks (Li & Ouyang).
 
 The counterfactual setting of unbiased LTR (Joachims, Swaminathan & Schnabel, WSDM 2017), on
 users' own devices:

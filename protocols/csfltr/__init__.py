@@ -1,4 +1,4 @@
-"""CS-F-LTR: cross-silo federated learning to rank (Wang, Tong, Shi, Xu, ICDE 2021).
+"""CS-F-LTR: cross-silo federated learning to rank (Wang, Tong, Shi, Xu).
 
 Parties (companies; the run's ``client-NNNN`` agents, ``federation.clients`` of them) each hold
 raw documents, their own training queries and the qrels of those queries over *every* party's
