@@ -115,8 +115,9 @@ class AsyncFPDGDClient(FPDGDClient):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         self.learner.users.round = env.round
-        theta = await self.local_train(start, self.batch)
-        self.send(env.src, UPDATE, {"params": theta, "n_interactions": self.batch}, env.round)
+        n = self.ctx.local_work(self.id, self.batch)
+        theta = await self.local_train(start, n)
+        self.send(env.src, UPDATE, {"params": theta, "n_interactions": n}, env.round)
 
 
 class AsyncFPDGD(ProtocolRun):
