@@ -134,6 +134,12 @@ class FlgoModels:
     def from_dict(cls, table: Any, prefix: str = "network.flgo") -> FlgoModels:
         """Check ``[network.flgo]``: known keys (did-you-mean), FLGo's mode names, and only the
         parameters the chosen mode takes; errors name ``prefix`` and the key."""
+        if isinstance(table, Mapping) and table.get("completeness") in ("ADU", "ASU"):
+            raise ScenarioError(
+                f"{prefix}: completeness: expected one of 'IDL', 'PDU', 'FSU', got "
+                f"{table['completeness']!r} (FLGo's ADU and ASU draw local epochs, which B "
+                "online interactions are not)"
+            )
         t = check_table(table, FIELDS, prefix, "")
         params: dict[str, dict[str, float]] = {}
         for model, modes in MODELS.items():
@@ -143,8 +149,9 @@ class FlgoModels:
                 name = key.removeprefix(model + "_")
                 if key.startswith(model + "_") and t[key] is not None and name not in takes:
                     raise ScenarioError(
-                        f"{prefix}: {key}: {model} {mode} takes "
-                        + (", ".join(f"{model}_{k}" for k in takes) or "no parameter")
+                        f"{prefix}: {key}: not a parameter of {model} {mode} (it takes "
+                        + (", ".join(f"{model}_{k}" for k in takes) or "none")
+                        + ")"
                     )
             params[model] = {
                 k: (v if t[f"{model}_{k}"] is None else t[f"{model}_{k}"]) for k, v in takes.items()
