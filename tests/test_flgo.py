@@ -419,3 +419,25 @@ def test_flgo_itself_draws_what_we_draw():
     ours = system({"connectivity": "UNI", "connectivity_gamma": 0.3}, clients, labels).prob_drop
     assert (theirs > 0).mean() == pytest.approx((ours > 0).mean(), abs=0.04)
     assert stats.ks_2samp(theirs[theirs > 0], ours[ours > 0]).pvalue > 1e-3
+
+
+def test_a_run_with_flgo_models_resumes_to_the_uninterrupted_result(tmp_path):
+    from foltr_async.experiment import run_scenario
+    from tests.test_resume import StopAt, comparable
+
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        SCENARIO.replace("rounds = 8", "rounds = 12")
+        + '[network.flgo]\navailability = "SLN"\navailability_beta = 0.3\n'
+        + 'connectivity = "HOMO"\nconnectivity_gamma = 0.2\ncompleteness = "PDU"\n'
+        + 'responsiveness = "UNI"\nresponsiveness_min_latency = 0\n'
+        + "responsiveness_max_latency = 15\n"
+    )
+    sc = load_scenario(scenario)
+    full = run_scenario(sc, tmp_path / "full", Observer())
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(sc, tmp_path / "cut", StopAt("default", 0, 7), checkpoint_every=3)
+    resumed = run_scenario(sc, tmp_path / "cut", Observer(), resume=True)
+    flgo = resumed["variants"]["default"]["repeats"][0]["flgo"]
+    assert min(flgo[k] for k in ("offline", "dropped", "overdue", "incomplete")) > 0
+    assert comparable(resumed) == comparable(full)
