@@ -479,6 +479,11 @@ class Simulation:
         else:
             queries = assign_queries(data.train.n_queries, n_clients, fed["data"], ctx.rng("data"))
         flgo = NetworkModel.from_dict(cfg["network"]).flgo
+        if flgo is not None and flgo.completeness != "IDL" and not proto.completes:
+            raise ScenarioError(
+                f"network.flgo.completeness: expected 'IDL' for protocol {fed['protocol']!r}, "
+                f"whose clients' local work is not cut short, got {flgo.completeness!r}"
+            )
         if flgo is not None:
             ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
         for i in range(fed["clients"]):
@@ -925,6 +930,9 @@ class ProtocolRun(Checkpointed, ABC):
     partitions: bool = False
     #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
     unlearns: bool = False
+    #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's
+    #: completeness models apply).
+    completes: bool = False
 
     @abstractmethod
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:

@@ -353,6 +353,7 @@ class FPDGD(ProtocolRun):
     ends (the request may come at any round; the leaver stops participating at once)."""
 
     partitions = True  # clients read their own data, users and batch from the run context
+    completes = True  # and how many of the B interactions a training does
     unlearns = True
 
     def __init__(self, ctx: RunContext) -> None:

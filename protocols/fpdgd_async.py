@@ -122,6 +122,7 @@ class AsyncFPDGDClient(FPDGDClient):
 
 class AsyncFPDGD(ProtocolRun):
     partitions = True
+    completes = True
 
     def __init__(self, ctx: RunContext) -> None:
         if ctx.params.compute_time <= 0.0:

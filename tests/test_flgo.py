@@ -441,3 +441,15 @@ def test_a_run_with_flgo_models_resumes_to_the_uninterrupted_result(tmp_path):
     flgo = resumed["variants"]["default"]["repeats"][0]["flgo"]
     assert min(flgo[k] for k in ("offline", "dropped", "overdue", "incomplete")) > 0
     assert comparable(resumed) == comparable(full)
+
+
+def test_completeness_is_refused_for_a_protocol_that_cannot_cut_its_work(tmp_path):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        SCENARIO.replace('"fpdgd"', '"foltr_es"').replace("params = { compute_time = 0.5 }\n", "")
+        + '[network.flgo]\ncompleteness = "PDU"\n'
+    )
+    from foltr_async.experiment import check_scenario
+
+    with pytest.raises(ScenarioError, match="network.flgo.completeness: expected 'IDL' for"):
+        check_scenario(load_scenario(scenario))
