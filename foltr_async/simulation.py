@@ -32,6 +32,7 @@ from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, st
 from foltr_async.runtime.bus import Bus, MemoryBus
 from foltr_async.runtime.checkpoint import Checkpointed, capture, restore
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
+from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
@@ -147,6 +148,8 @@ class RunContext:
     _shared: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     #: ``[federation.partition]``: every client's own data (None: ``assign_queries``).
     partition: Partition | None = field(default=None, init=False, repr=False)
+    #: ``[network.flgo]``: FLGo's system models of this run (None: not configured)
+    flgo: FlgoSystem | None = field(default=None, init=False, repr=False)
 
     @property
     def assumed_malicious(self) -> int:
@@ -209,6 +212,11 @@ class RunContext:
         if own is not None and own.batch is not None:
             return own.batch
         return self.cfg["federation"]["queries_per_client"]
+
+    def local_work(self, agent_id: str, batch: int) -> int:
+        """Interactions a client's next training does out of its ``batch`` (FLGo's
+        completeness model may cut it short; the update then counts fewer)."""
+        return batch if self.flgo is None else self.flgo.work(agent_id, batch)
 
     def evaluate(self, ranker, metrics: tuple[str, ...] = OFFLINE) -> dict[str, float]:
         """The ranker's offline ``metrics`` (``ltr.metrics.offline_metrics`` names) on the
@@ -329,6 +337,22 @@ def assign_queries(
             f'of {n_queries} queries; use federation.data = "shared" or more queries'
         )
     return np.array_split(rng.permutation(n_queries), n_clients)
+
+
+def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]:
+    """What FLGo's modes read of each client (every client of the run, in id order): the
+    labelled documents of its queries (FLGo's samples), their grades, its B."""
+    out = []
+    seen: dict[tuple[int, int], tuple[int, frozenset[int]]] = {}  # shared pools: once
+    for i, q in enumerate(queries):
+        aid = client_id(i)
+        train = ctx.train_set(aid)
+        key = (id(train), id(q))
+        if key not in seen:
+            rows = np.concatenate([np.arange(train.qptr[j], train.qptr[j + 1]) for j in q])
+            seen[key] = (int(rows.size), frozenset(np.unique(train.labels[rows]).tolist()))
+        out.append(FlgoClient(aid, *seen[key], ctx.batch_of(aid)))
+    return out
 
 
 def contributions(reports: list[RoundReport]) -> dict[str, Any]:
@@ -459,6 +483,14 @@ class Simulation:
             queries = [c.queries for c in part.clients]
         else:
             queries = assign_queries(data.train.n_queries, n_clients, fed["data"], ctx.rng("data"))
+        flgo = NetworkModel.from_dict(cfg["network"]).flgo
+        if flgo is not None and flgo.completeness != "IDL" and not proto.completes:
+            raise ScenarioError(
+                f"network.flgo.completeness: expected 'IDL' for protocol {fed['protocol']!r}, "
+                f"whose clients' local work is not cut short, got {flgo.completeness!r}"
+            )
+        if flgo is not None:
+            ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
         for i in range(fed["clients"]):
             aid = client_id(i)
             self._place(
@@ -630,6 +662,7 @@ class Simulation:
             after_round=self._after_round,
             secure=self.secure.server if self.secure else None,
             checkpoint=self._checkpoint_round if every > 0 else None,
+            flgo=self.ctx.flgo,
         )
         self.proto.attach_server(self.server)
 
@@ -711,6 +744,8 @@ class Simulation:
             result["versions"] = self.server.version
         if self.ctx.partition is not None:
             result["partition"] = self.ctx.partition.facts
+        if self.ctx.flgo is not None:
+            result["flgo"] = self.ctx.flgo.report()
         if self.secure is not None:
             result.update(self.secure.report())
         if self.remote is not None:
@@ -845,6 +880,7 @@ class Simulation:
             "strategy": self.proto.strategy,
             "proto": self.proto,
             "secure": self.secure.server if self.secure is not None else None,
+            "flgo": self.ctx.flgo,
             "bus": self.bus,
             "probe": self.probe,
         }
@@ -905,6 +941,9 @@ class ProtocolRun(Checkpointed, ABC):
     partitions: bool = False
     #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
     unlearns: bool = False
+    #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's
+    #: completeness models apply).
+    completes: bool = False
 
     @abstractmethod
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:

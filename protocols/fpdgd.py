@@ -192,6 +192,9 @@ class FPDGDClient(Agent):
         super().__init__(agent_id, ctx.bus)
         self.learner = LocalLearner(ctx, queries, rng, click_model, agent_id)
         self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
+        #: interactions of the training under way: the batch, or fewer (FLGo completeness)
+        self.interactions = self.batch
+        self.ctx = ctx
         p = ctx.params  # asynchronous FPDGD's clients neither store nor calibrate
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
@@ -218,7 +221,7 @@ class FPDGDClient(Agent):
         """The weights this client sends for the round (async: training may be batched)."""
         users = self.learner.users
         users.issued = []
-        theta = await self.local_train(start, self.batch)
+        theta = await self.local_train(start, self.interactions)
         # oracle truth for eavesdroppers' scores (latest per client): the pre-noise local update
         # and the queries it came from
         users.probe.oracle[UPDATE, self.id] = (round, theta - start, users.issued)
@@ -228,11 +231,14 @@ class FPDGDClient(Agent):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         self.learner.users.round = env.round
+        self.interactions = self.ctx.local_work(self.id, self.batch)
         theta = await self.make_update(env.round, start)
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
         # reply() masks the update when secure aggregation is on (else it is self.send)
-        reply(self, env.src, UPDATE, {"params": theta, "n_interactions": self.batch}, env.round)
+        reply(
+            self, env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
+        )
 
     @handles(CALIBRATE)
     async def on_calibrate(self, env) -> None:
@@ -347,6 +353,7 @@ class FPDGD(ProtocolRun):
     ends (the request may come at any round; the leaver stops participating at once)."""
 
     partitions = True  # clients read their own data, users and batch from the run context
+    completes = True  # and how many of the B interactions a training does
     unlearns = True
 
     def __init__(self, ctx: RunContext) -> None:

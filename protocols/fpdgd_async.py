@@ -166,12 +166,14 @@ class AsyncFPDGDClient(FPDGDClient):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         self.learner.users.round = env.round
-        theta = await self.local_train(start, self.batch)
-        self.send(env.src, UPDATE, {"params": theta, "n_interactions": self.batch}, env.round)
+        n = self.ctx.local_work(self.id, self.batch)
+        theta = await self.local_train(start, n)
+        self.send(env.src, UPDATE, {"params": theta, "n_interactions": n}, env.round)
 
 
 class AsyncFPDGD(ProtocolRun):
     partitions = True
+    completes = True
 
     def __init__(self, ctx: RunContext) -> None:
         if ctx.params.compute_time <= 0.0:

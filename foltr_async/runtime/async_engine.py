@@ -92,15 +92,11 @@ class AsyncServerAgent(ServerAgent):
         #: staleness of every applied update, in arrival order (results: its distribution)
         self.staleness: list[int] = []
 
-    def deliver(self, env: Envelope) -> None:
-        if env.kind != self.strategy.reply_kind:
-            super().deliver(env)
-            return
-        self.last_kind = env.kind
+    def _take_reply(self, env: Envelope) -> bool:
         sent = self._busy.get(env.src)
         if sent is None or sent.version != env.round:  # timed out and re-dispatched, or unknown
             self.late_replies += 1
-            return
+            return False
         del self._busy[env.src]
         staleness = self.version - env.round
         self.staleness.append(staleness)
@@ -111,6 +107,7 @@ class AsyncServerAgent(ServerAgent):
         if self.strategy.apply(env, staleness):
             self.version += 1
         self._refill(env.src)
+        return True
 
     def _refill(self, freed: str) -> None:
         """The finished client's slot goes to a uniformly drawn idle online client, itself among
@@ -138,6 +135,8 @@ class AsyncServerAgent(ServerAgent):
         for c in clients:
             self._busy[c] = Dispatch(self.version, now)
         self._period["dispatched"] += len(clients)
+        if self.flgo is not None:
+            self.flgo.dispatched(clients, self.version)
         body = self.strategy.configure(clients, self.version)
         self.bus.broadcast(self.id, clients, self.strategy.broadcast_kind, body, self.version)
 
@@ -146,6 +145,8 @@ class AsyncServerAgent(ServerAgent):
         loop = asyncio.get_running_loop()
         candidates = sorted(self._clients())
         self._online = self.bus.begin_round(r, candidates) & set(candidates)
+        if self.flgo is not None:
+            self._online = self.flgo.available(r, self._online)
         now = loop.time()
         for c, d in list(self._busy.items()):
             if now - d.at >= self.plan.deadline or c not in candidates:

@@ -21,6 +21,7 @@ from foltr_async.runtime.agent import Agent, declared_handlers
 from foltr_async.runtime.bus import Bus
 from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.flgo import FlgoSystem
 from foltr_async.runtime.secure import SecureServer
 
 log = structlog.get_logger()
@@ -109,6 +110,7 @@ class ServerAgent(Agent):
         agent_id: str = "server",
         secure: SecureServer | None = None,
         checkpoint: Callable[[RoundReport], Awaitable[None]] | None = None,
+        flgo: FlgoSystem | None = None,
     ) -> None:
         super().__init__(agent_id, bus)
         self.strategy = strategy
@@ -136,6 +138,8 @@ class ServerAgent(Agent):
         self._reply_kind = strategy.reply_kind
         if secure is not None:
             secure.attach(self)
+        #: FLGo's system models (None: off): who is available, dropped replies, latencies
+        self.flgo = flgo
 
     def on(self, kind: str, handler: Callable[[Envelope], None]) -> None:
         """Handle another message kind besides the round replies, as it is delivered: the
@@ -148,15 +152,8 @@ class ServerAgent(Agent):
     def deliver(self, env: Envelope) -> None:  # replies are collected here, other kinds dispatched
         if env.kind == self._reply_kind:
             self.last_kind = env.kind
-            if env.round != self._round or env.src not in self._expected:
-                self.late_replies += 1
-                log.debug("late_reply", src=env.src, round=env.round, current=self._round)
-                return
-            if env.src in self._replies:
-                return
-            self._replies[env.src] = env
-            if len(self._replies) == len(self._expected):
-                self._all_in.set()
+            if self.flgo is None or self.flgo.admit(env, self._take_reply):
+                self._take_reply(env)
             return
         side = self._side.get(env.kind)
         if side is not None:
@@ -164,6 +161,18 @@ class ServerAgent(Agent):
             side(env)
             return
         super().deliver(env)
+
+    def _take_reply(self, env: Envelope) -> bool:
+        """Collect one reply of the round; False (counted late) when its round is over."""
+        if env.round != self._round or env.src not in self._expected:
+            self.late_replies += 1
+            log.debug("late_reply", src=env.src, round=env.round, current=self._round)
+            return False
+        if env.src not in self._replies:
+            self._replies[env.src] = env
+            if len(self._replies) == len(self._expected):
+                self._all_in.set()
+        return True
 
     async def _open_round(self, r: int) -> None:
         """Round ``r`` begins: it is ``plan_round`` while ``before_round`` plays its actions."""
@@ -195,6 +204,8 @@ class ServerAgent(Agent):
             await self._open_round(r)
             candidates = sorted(self._clients())
             online = self.bus.begin_round(r, candidates)
+            if self.flgo is not None:
+                online = self.flgo.available(r, online)
             selected = self.strategy.select(
                 r, [c for c in candidates if c in online], self.rng, self.plan
             )
@@ -208,6 +219,8 @@ class ServerAgent(Agent):
                 takers = await secure.setup(r, selected)  # e.g. key agreement, before the model
             self._expected = set(takers)
             if takers:
+                if self.flgo is not None:
+                    self.flgo.dispatched(takers, r)
                 self.bus.broadcast(
                     self.id,
                     takers,
@@ -223,6 +236,8 @@ class ServerAgent(Agent):
                     pass
             else:  # nobody to ask: the round still lasts its deadline (availability may change)
                 await asyncio.sleep(self.plan.deadline)
+            if self.flgo is not None:
+                self.flgo.close_round()
             replies = [self._replies[k] for k in sorted(self._replies)]
             contributors = [e.src for e in replies]
             self._expected = set()

@@ -22,6 +22,9 @@ Model, exactly:
 - traces (``trace``): per-client compute-time factors, bandwidths and availability from a
   FedScale or FLGo trace (``foltr_async.runtime.traces``); the trace factor multiplies the
   ``compute_scale`` draw, and a link runs at the slower end's bandwidth.
+- FLGo's named system models (``flgo``: availability, connectivity, completeness,
+  responsiveness; ``foltr_async.runtime.flgo``): the run's servers and clients apply them on
+  top of everything above.
 - churn: at the start of every round, a client that is not already away leaves with
   probability ``churn`` and stays away for K rounds including this one,
   K ~ Geometric(1 / churn_rounds) on {1, 2, ...} (mean ``churn_rounds``). A client is online
@@ -47,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.runtime.flgo import FlgoModels
 from foltr_async.runtime.traces import Trace, load_trace
 
 __all__ = ["Latency", "NetworkModel", "Presence", "role_of"]
@@ -226,6 +230,7 @@ _KEYS = (
     "trace",
     "availability_model",
     "diurnal",
+    "flgo",
 )
 
 
@@ -245,6 +250,7 @@ class NetworkModel:
     trace: Trace | None = None
     availability_model: str = "bernoulli"
     diurnal: Diurnal = field(default_factory=Diurnal)
+    flgo: FlgoModels | None = None
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _links: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _own_presence: Presence = field(default_factory=Presence, init=False, repr=False, compare=False)
@@ -322,6 +328,8 @@ class NetworkModel:
         kw["availability_model"] = model
         if "diurnal" in d:
             kw["diurnal"] = Diurnal.from_dict(d["diurnal"], f"{prefix}.diurnal")
+        if "flgo" in d:
+            kw["flgo"] = FlgoModels.from_dict(d["flgo"], f"{prefix}.flgo")
         return cls(**kw)
 
     # ------------------------------------------------------------------ devices

@@ -85,7 +85,9 @@ class Field:
         if self.items is not None:
             return [self.items.check(v, where, f"{path}[{i}]") for i, v in enumerate(value)]
         if self.choices is not None and value not in self.choices:
-            hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
+            names = [str(c) for c in self.choices]
+            hint = [c for c in names if c.lower() == str(value).lower()]  # "sln" -> "SLN"
+            hint = hint or difflib.get_close_matches(str(value), names, n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise ScenarioError(
                 f"{where}: {path}: expected {self.describe()}, got {value!r}{extra}"
