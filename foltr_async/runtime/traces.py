@@ -83,6 +83,11 @@ class Trace:
         return self.clients[int(m.group(1)) % len(self.clients)]
 
     @property
+    def has_windows(self) -> bool:
+        """FedScale on/off windows (time-driven availability)."""
+        return any(c.intervals is not None for c in self.clients)
+
+    @property
     def has_availability(self) -> bool:
         return any(c.intervals is not None or c.p_on is not None for c in self.clients)
 
