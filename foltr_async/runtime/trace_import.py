@@ -45,8 +45,6 @@ from foltr_async.runtime.traces import ClientTrace, load_trace, spread
 
 __all__ = ["import_fedscale", "online_counts", "read_plain_pickle"]
 
-IMPORT_COMMAND = "python -m foltr_async traces import fedscale DEVICE BEHAVIOUR --out FILE"
-
 
 class _PlainUnpickler(pickle.Unpickler):
     """Builds dicts, lists, tuples, numbers, strings, booleans and None; names nothing."""
