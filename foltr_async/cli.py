@@ -27,7 +27,18 @@ RESULT_FILES = (
 )
 #: exit code of a finished run in which some variant learned nothing
 NOTHING_LEARNED = 3
-COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys", "merge")
+COMMANDS = (
+    "run",
+    "validate",
+    "list",
+    "dataset",
+    "traces",
+    "bench",
+    "serve",
+    "join",
+    "keys",
+    "merge",
+)
 
 
 def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
@@ -41,7 +52,8 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make, bench, serve, join, keys, merge.",
+            "validate SCENARIO, list, dataset make, traces import, bench, serve, join, keys, "
+            "merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument(
@@ -184,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 "validate": _cmd_validate,
                 "list": _cmd_list,
                 "dataset": _cmd_dataset,
+                "traces": _cmd_traces,
                 "bench": _cmd_bench,
                 "join": _cmd_join,
                 "keys": _cmd_keys,
@@ -465,6 +478,41 @@ def _cmd_dataset(argv: list[str]) -> int:
 
     for path in make_dataset_files(args.profile, args.out, args.seed, n_queries=args.queries):
         print(path)
+    return 0
+
+
+def _cmd_traces(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m foltr_async traces")
+    sub = p.add_subparsers(dest="action", required=True)
+    imp = sub.add_parser("import", help="convert published trace files to a network.trace file")
+    fam = imp.add_subparsers(dest="family", required=True)
+    fs = fam.add_parser(
+        "fedscale",
+        help="FedScale's client_device_capacity and client_behave_trace pickles (read as data "
+        "only: a pickle that would call anything is refused)",
+    )
+    fs.add_argument("device", type=Path, help="client_device_capacity (pickle)")
+    fs.add_argument("behaviour", type=Path, help="client_behave_trace (pickle)")
+    fs.add_argument("--out", type=Path, required=True, help="trace file to write (JSON, new)")
+    fs.add_argument(
+        "--clients",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trace clients to draw (default: the smaller table's rows); client-000j gets the "
+        "j-th row of a seeded permutation of each table",
+    )
+    fs.add_argument("--seed", type=int, default=0, help="seed of the two permutations")
+    args = p.parse_args(argv)
+    from foltr_async.runtime.trace_import import import_fedscale
+
+    f = import_fedscale(args.device, args.behaviour, args.out, clients=args.clients, seed=args.seed)
+    print(
+        f"{args.out}: {f['clients']} clients (seed {args.seed}): device rows {f['device_used']} "
+        f"of {f['device_rows']}, behaviour rows {f['behaviour_used']} of {f['behaviour_rows']}; "
+        f"over one {f['cycle_s'] / 3600:.4g} h cycle {100 * f['online_mean']:.3g}% of them "
+        f"online on average, nobody online {100 * f['nobody_online']:.3g}% of the time"
+    )
     return 0
 
 

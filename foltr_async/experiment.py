@@ -106,6 +106,24 @@ STABLE_LAST = 3
 ALPHA = 0.05
 
 
+def _nobody_online(variants: dict) -> list[str]:
+    """For each variant with rounds (periods) that began with no client online: how many, and
+    their share of the simulated time (means over repeats)."""
+    lines = []
+    for name, v in variants.items():
+        c = (v.get("summary") or {}).get("contributions") or {}
+        rounds = (c.get("nobody_online_rounds") or {}).get("mean")
+        if not rounds:
+            continue
+        share = (c.get("nobody_online_share") or {}).get("mean") or 0.0
+        lines.append(
+            f"Nobody online at the start of {rounds:.4g} of {c['rounds']['mean']:.4g} rounds of "
+            f"{name} ({100 * share:.3g}% of its simulated time; mean over "
+            f"{c['nobody_online_rounds']['n']} repeats)."
+        )
+    return lines
+
+
 def conclusions(results: dict) -> list[str]:
     """Plain sentences a reader can check against the table.
 
@@ -123,6 +141,7 @@ def conclusions(results: dict) -> list[str]:
         "client update reached the model in any round (its metric is the initial model's)."
         for name, n in idle.items()
     ]
+    lines += _nobody_online(variants)
     finals = {
         name: v["summary"]["final"][METRIC]["mean"]
         for name, v in variants.items()

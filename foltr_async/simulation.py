@@ -357,9 +357,17 @@ def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]
 
 def contributions(reports: list[RoundReport]) -> dict[str, Any]:
     """Clients whose update went into each round's model (0: the round kept the old model,
-    e.g. nobody online or fewer replies than ``min_clients``), every phase in round order."""
+    e.g. nobody online or fewer replies than ``min_clients``), every phase in round order; and
+    the rounds (periods) that began with no client online, and their simulated seconds."""
     per_round = [len(r.clients) if r.aggregated else 0 for r in reports]
-    return {"per_round": per_round, "empty_rounds": sum(n == 0 for n in per_round)}
+    nobody = [r for r in reports if r.online == 0]
+    return {
+        "per_round": per_round,
+        "empty_rounds": sum(n == 0 for n in per_round),
+        "nobody_online_rounds": len(nobody),
+        "nobody_online_s": sum((r.duration for r in nobody), 0.0),
+        "rounds_s": sum((r.duration for r in reports), 0.0),
+    }
 
 
 class Remote(Protocol):
@@ -784,6 +792,7 @@ class Simulation:
             self._emit(
                 "round_empty",
                 round=report.round,
+                online=report.online,
                 selected=report.selected,
                 replied=report.replied,
                 min_clients=self.plan.min_clients,

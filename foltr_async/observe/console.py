@@ -112,6 +112,7 @@ class LiveConsole(Observer):
         self._cur_rounds = 0  # training rounds (up to the variant's planned rounds)
         self._cur_after = 0  # rounds of a later phase (e.g. unlearning calibration)
         self._cur_empty = 0  # rounds that took in no client update
+        self._cur_nobody = 0  # of them, rounds that began with no client online
         self._rep_t0 = self._t0
         self._messages: dict = {}
         self._sim_time = 0.0
@@ -162,7 +163,7 @@ class LiveConsole(Observer):
     def repeat_started(self, variant: str, repeat: int, seed: int) -> None:
         with self._lock:
             self._cur = {"variant": variant, "repeat": repeat, "seed": seed, "round": None}
-            self._cur_rounds = self._cur_after = self._cur_empty = 0
+            self._cur_rounds = self._cur_after = self._cur_empty = self._cur_nobody = 0
             self._rep_t0 = time.monotonic()
             self._messages = {}
             self._sim_time = 0.0
@@ -219,6 +220,7 @@ class LiveConsole(Observer):
             self._events.append((time.strftime("%H:%M:%S"), event, _fields(fields)))
             if event == "round_empty":
                 self._cur_empty += 1
+                self._cur_nobody += fields.get("online") == 0
 
     def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
         self._plain.repeat_done(variant, repeat, result)
@@ -296,6 +298,8 @@ class LiveConsole(Observer):
             )
             if self._cur_empty:
                 line.append(f"  empty rounds {self._cur_empty}", style="bold red")
+                if self._cur_nobody:
+                    line.append(f" (nobody online in {self._cur_nobody})", style="bold red")
             grid.add_row(
                 "current",
                 ProgressBar(
@@ -472,12 +476,24 @@ class PlainReporter(Observer):
             **{self._metric: values[-1] if values else None},
             **(result.get("online") or {}),
             empty_rounds=(result.get("contributions") or {}).get("empty_rounds"),
+            nobody_online=nobody_online_text(result.get("contributions") or {}),
             wall_s=result.get("wall_s"),
             sim_s=result.get("sim_s"),
         )
 
     def run_done(self, results: dict) -> None:
         self._log.info("run_done", complete=results.get("complete"))
+
+
+def nobody_online_text(contrib: dict) -> str | None:
+    """'N of R rounds, X% of the simulated time' began with no client online (None: unknown)."""
+    if contrib.get("nobody_online_rounds") is None:
+        return None
+    share = contrib["nobody_online_s"] / contrib["rounds_s"] if contrib.get("rounds_s") else 0.0
+    return (
+        f"{contrib['nobody_online_rounds']} of {len(contrib['per_round'])} rounds, "
+        f"{100 * share:.3g}% of the simulated time"
+    )
 
 
 def round_sim(t: float) -> float:

@@ -92,6 +92,12 @@ def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
+def nobody_online_share(contrib: dict) -> float | None:
+    """The share of a repeat's simulated round time that began with no client online."""
+    total = contrib.get("rounds_s")
+    return contrib["nobody_online_s"] / total if total else None
+
+
 def _curve(repeats: list[dict], metric: str) -> dict:
     with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
     return curve(
@@ -126,6 +132,8 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
                 for c in contrib
             ),
             "learned_nothing": sum(map(learned_nothing, repeats)),
+            "nobody_online_rounds": summarise(c.get("nobody_online_rounds") for c in contrib),
+            "nobody_online_share": summarise(map(nobody_online_share, contrib)),
         },
         "curves": {m: _curve(repeats, m) for m in EXTRA_CURVES if m in metrics},
         "messages": {

@@ -177,6 +177,7 @@ class AsyncServerAgent(ServerAgent):
             await self._open_round(r)
             self._period = {"updates": 0, "dispatched": 0, "clients": set(), "staleness": []}
             v0 = self.version
+            start = loop.time()
             self._start_period(r)
             end = t0 + (r - first_round + 1) * self.strategy.period
             await asyncio.sleep(max(0.0, end - loop.time()))
@@ -198,6 +199,8 @@ class AsyncServerAgent(ServerAgent):
                 metrics,
                 facts,
                 sorted(p["clients"]),
+                len(self._online),
+                loop.time() - start,
             )
             reports.append(report)
             if self._after_round is not None:

@@ -226,7 +226,8 @@ class MemoryBus(Bus):
     Per message: encode (sequence number per src->dst link, ``sent_at`` = loop time), count,
     drop if the sender is offline, show to taps, drop if the destination is unknown or
     offline, ask the network for loss and transit time, then deliver at ``now + transit``:
-    re-check the receiver, decode, replay-check, ``agent.deliver(env)``. Messages due at the
+    re-check the receiver (and, under FedScale's completion rule, that the sending client's
+    trace still has it online), decode, replay-check, ``agent.deliver(env)``. Messages due at the
     same instant arrive in the order they were sent.
 
     Randomness: ``rng`` is split once into two child streams, one for per-round presence and
@@ -276,6 +277,8 @@ class MemoryBus(Bus):
         self._in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        #: FedScale's completion rule: a client's message counts only if it is still online
+        self._completion = network.checks_completion
 
     # ---------------------------------------------------------------- membership
 
@@ -482,6 +485,15 @@ class MemoryBus(Bus):
             return
         if dst in self._offline:
             self.report_drop("offline", f"receiver {dst} is offline", src, dst, kind)
+            return
+        if (
+            self._completion
+            and src is not None
+            and self.network.offline_at(src, asyncio.get_running_loop().time())
+        ):
+            self.report_drop(
+                "offline", f"sender {src} went offline before this arrived", src, dst, kind
+            )
             return
         try:
             if kind is None:  # raw bytes: nothing is known about them

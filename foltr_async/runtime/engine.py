@@ -87,6 +87,8 @@ class RoundReport:
     metrics: dict[str, float] | None
     facts: dict = field(default_factory=dict)
     clients: list[str] = field(default_factory=list)  # who replied in time
+    online: int | None = None  # clients online at the round's start
+    duration: float = 0.0  # simulated seconds from the round's start to this report
 
 
 class ServerAgent(Agent):
@@ -202,6 +204,7 @@ class ServerAgent(Agent):
         last = first_round + self.plan.rounds - 1
         for r in range(first_round + skip, last + 1):
             await self._open_round(r)
+            t0 = loop.time()
             candidates = sorted(self._clients())
             online = self.bus.begin_round(r, candidates)
             if self.flgo is not None:
@@ -255,7 +258,15 @@ class ServerAgent(Agent):
             if secure is not None:
                 facts["secure_aggregation"] = secure.facts(r)
             report = RoundReport(
-                r, len(selected), len(contributors), aggregated, metrics, facts, contributors
+                r,
+                len(selected),
+                len(contributors),
+                aggregated,
+                metrics,
+                facts,
+                contributors,
+                sum(c in online for c in candidates),
+                loop.time() - t0,
             )
             reports.append(report)
             if self._after_round is not None:

@@ -18,7 +18,11 @@ Model, exactly:
   ``[0, spread)`` (time zones; FLGo's sinusoidal availability, and the day-night cycle FedScale's
   and Yang et al.'s (WWW 2021) smartphone traces show); ``"trace"``: the ``trace`` file says
   (FedScale on/off windows at time t, or FLGo's per-client Markov chain stepped once per
-  round), and ``availability`` < 1 adds independent transient dropout on top.
+  round), and ``availability`` < 1 adds independent transient dropout on top. FedScale windows
+  are read at trace time ``trace_start + trace_speed * t``; under ``trace_rule =
+  "completion"`` (the default) a client's message also counts only if its windows still have it
+  online when the message arrives (FedScale's synchronous rule: online at the round's start and
+  at its update's completion); ``"round_start"``: presence at the round's start is all.
 - traces (``trace``): per-client compute-time factors, bandwidths and availability from a
   FedScale or FLGo trace (``foltr_async.runtime.traces``); the trace factor multiplies the
   ``compute_scale`` draw, and a link runs at the slower end's bandwidth.
@@ -231,7 +235,33 @@ _KEYS = (
     "availability_model",
     "diurnal",
     "flgo",
+    "trace_start",
+    "trace_speed",
+    "trace_rule",
 )
+
+TRACE_RULES = ("completion", "round_start")
+
+
+def _trace_timing(d: Mapping[str, Any], prefix: str, trace: Trace | None) -> dict[str, Any]:
+    """``trace_start`` / ``trace_speed`` / ``trace_rule``: only where FedScale windows drive
+    availability (``trace``: the model's trace when its availability model is "trace")."""
+    given = [k for k in ("trace_start", "trace_speed", "trace_rule") if k in d]
+    if given and (trace is None or not trace.has_windows):
+        raise ScenarioError(
+            f'{prefix}.{given[0]}: only with availability_model = "trace" and a network.trace '
+            "with FedScale on/off windows (a behaviour table)"
+        )
+    kw: dict[str, Any] = {}
+    if "trace_start" in d:
+        kw["trace_start"] = _number(d, "trace_start", prefix)
+    if "trace_speed" in d:
+        kw["trace_speed"] = _number(d, "trace_speed", prefix, lo_open=True)
+    if "trace_rule" in d:
+        if d["trace_rule"] not in TRACE_RULES:
+            raise _fail(f"{prefix}.trace_rule", "one of " + ", ".join(TRACE_RULES), d["trace_rule"])
+        kw["trace_rule"] = d["trace_rule"]
+    return kw
 
 
 @dataclass(frozen=True)
@@ -251,6 +281,10 @@ class NetworkModel:
     availability_model: str = "bernoulli"
     diurnal: Diurnal = field(default_factory=Diurnal)
     flgo: FlgoModels | None = None
+    #: FedScale windows: trace seconds at simulated time 0, trace seconds per simulated second
+    trace_start: float = 0.0
+    trace_speed: float = 1.0
+    trace_rule: str = "completion"
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _links: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _own_presence: Presence = field(default_factory=Presence, init=False, repr=False, compare=False)
@@ -330,7 +364,33 @@ class NetworkModel:
             kw["diurnal"] = Diurnal.from_dict(d["diurnal"], f"{prefix}.diurnal")
         if "flgo" in d:
             kw["flgo"] = FlgoModels.from_dict(d["flgo"], f"{prefix}.flgo")
+        kw.update(_trace_timing(d, prefix, kw.get("trace") if model == "trace" else None))
         return cls(**kw)
+
+    # ------------------------------------------------------------------ trace time
+
+    def trace_time(self, now: float) -> float:
+        """The FedScale trace's time at simulated time ``now``."""
+        return self.trace_start + self.trace_speed * now
+
+    @property
+    def checks_completion(self) -> bool:
+        """Whether a client's message counts only if its windows hold when it arrives."""
+        return (
+            self.availability_model == "trace"
+            and self.trace_rule == "completion"
+            and self.trace is not None
+            and self.trace.has_windows
+        )
+
+    def offline_at(self, agent_id: str, now: float) -> bool:
+        """A client whose FedScale windows have it offline at simulated time ``now``."""
+        own = self.trace.of(agent_id) if self.trace is not None else None
+        return (
+            own is not None
+            and own.intervals is not None
+            and not own.online_at(self.trace_time(now))
+        )
 
     # ------------------------------------------------------------------ devices
 
@@ -502,7 +562,7 @@ class NetworkModel:
             if own is None:
                 continue
             if own.intervals is not None:
-                out[i] = own.online_at(now)
+                out[i] = own.online_at(self.trace_time(now))
             elif own.p_on is not None:
                 u = float(rng.random())
                 if a not in state.up:  # start from the chain's stationary distribution

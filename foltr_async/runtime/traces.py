@@ -1,8 +1,9 @@
 """Device traces: per-client compute speed, bandwidth and availability read from trace files.
 
-Two published families, read from JSON or CSV equivalents (pickles are never loaded: a pickle
-runs code when read). Trace clients are taken in key order (numerically when every key is an
-integer) and simulated client ``client-000i`` gets the entry ``i mod n``.
+Two published families, read from JSON or CSV equivalents (pickles are never loaded here: a
+pickle runs code when read; ``foltr_async.runtime.trace_import`` converts FedScale's published
+pickles with a data-only unpickler). Trace clients are taken in key order (numerically when
+every key is an integer) and simulated client ``client-000i`` gets the entry ``i mod n``.
 
 FedScale (Lai et al., ICML 2022) publishes ``client_device_capacity`` (client ->
 ``{"computation": ms per sample, "communication": kbit/s}``) and ``client_behave_trace``
@@ -10,7 +11,11 @@ FedScale (Lai et al., ICML 2022) publishes ``client_device_capacity`` (client ->
 client is online while ``active[k] <= t mod T <= inactive[k]`` for some k, as FedScale's
 ``ClientMetadata.is_active``). Here: a JSON object ``{"format": "fedscale", "device": {...},
 "behaviour": {...}}`` with those two tables (either may be left out), or a CSV of the device
-table with the header ``client_id,computation,communication``.
+table with the header ``client_id,computation,communication``. Pairing of the two tables: by
+client id when both name the same clients (as ``traces import fedscale`` writes them); else the
+longer table's rows in order, each with a row of the shorter drawn by one seeded mapping
+(``spread``, seed 0: every shorter row used as evenly as possible, in random order), not
+``i mod n_device`` with ``i mod n_behaviour``, which always pairs the same rows.
 
 FLGo (Wang et al. 2023) describes each client by state variables its simulator steps once per
 time unit: ``prob_available`` (offline -> online), ``prob_unavailable`` (online -> offline) and
@@ -78,6 +83,11 @@ class Trace:
         return self.clients[int(m.group(1)) % len(self.clients)]
 
     @property
+    def has_windows(self) -> bool:
+        """FedScale on/off windows (time-driven availability)."""
+        return any(c.intervals is not None for c in self.clients)
+
+    @property
     def has_availability(self) -> bool:
         return any(c.intervals is not None or c.p_on is not None for c in self.clients)
 
@@ -121,18 +131,20 @@ def _fedscale(doc: Mapping, path: str) -> tuple[ClientTrace, ...]:
     behaviour = doc.get("behaviour")
     if device is None and behaviour is None:
         raise _fail(path, 'expected a "device" and/or a "behaviour" table')
-    n = 0
     factors: list[float] = []
     bandwidths: list[float] = []
+    dev_ids: list[str] = []
     if device is not None:
         rows = _ordered(device, path, '"device"')
         comp = [_num(e, "computation", path, c, lo=1e-12) for c, e in rows]
         bandwidths = [_num(e, "communication", path, c, lo=1e-12) * 1000.0 / 8.0 for c, e in rows]
         factors = _relative(comp)
-        n = len(rows)
+        dev_ids = [c for c, _ in rows]
     windows: list[tuple[tuple[tuple[float, float], ...], float]] = []
+    beh_ids: list[str] = []
     if behaviour is not None:
         for c, e in _ordered(behaviour, path, '"behaviour"'):
+            beh_ids.append(c)
             active, inactive = (
                 e.get(k) if isinstance(e, Mapping) else None for k in ("active", "inactive")
             )
@@ -149,17 +161,37 @@ def _fedscale(doc: Mapping, path: str) -> tuple[ClientTrace, ...]:
                 pairs.append((a, b))
             cycle = _num(e, "finish_time", path, c, lo=1e-9)
             windows.append((tuple(pairs), cycle))
-        n = max(n, len(windows))
+    dev_rows, beh_rows = _pairing(dev_ids, beh_ids)
     out = []
-    for i in range(n):
+    for i in range(max(len(dev_rows), len(beh_rows))):
         kw: dict = {}
         if factors:
-            kw["compute_factor"] = factors[i % len(factors)]
-            kw["bandwidth"] = bandwidths[i % len(bandwidths)]
+            kw["compute_factor"] = factors[dev_rows[i]]
+            kw["bandwidth"] = bandwidths[dev_rows[i]]
         if windows:
-            kw["intervals"], kw["cycle"] = windows[i % len(windows)]
+            kw["intervals"], kw["cycle"] = windows[beh_rows[i]]
         out.append(ClientTrace(**kw))
     return tuple(out)
+
+
+def spread(n_rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` row numbers out of ``n_rows``: seeded permutations laid end to end (so each row is
+    used ``n // n_rows`` or one more times, in random order)."""
+    reps = -(-n // n_rows)
+    return np.concatenate([rng.permutation(n_rows) for _ in range(reps)])[:n]
+
+
+def _pairing(dev_ids: list[str], beh_ids: list[str]) -> tuple[list[int], list[int]]:
+    """Row numbers of each trace client's device and behaviour entry: by id when the tables
+    name the same clients (or only one table is given), else the longer table in order and the
+    shorter spread over it by one seeded mapping (seed 0)."""
+    if not dev_ids or not beh_ids or dev_ids == beh_ids:  # one key order for one key set
+        return list(range(len(dev_ids))), list(range(len(beh_ids)))
+    n = max(len(dev_ids), len(beh_ids))
+    rng = np.random.default_rng(0)
+    if len(dev_ids) >= len(beh_ids):
+        return list(range(n)), spread(len(beh_ids), n, rng).tolist()
+    return spread(len(dev_ids), n, rng).tolist(), list(range(n))
 
 
 def _flgo(doc: Mapping, path: str) -> tuple[ClientTrace, ...]:
@@ -216,6 +248,16 @@ def _load(path: str, mtime: float) -> Trace:
     return Trace(path, doc["format"], clients)
 
 
+def _is_pickle(p: Path) -> bool:
+    """A pickle's first bytes: PROTO (protocol 2 and later), or a protocol 0/1 dict."""
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or head in (b"(d", b"}q", b"}r")
+
+
 def load_trace(path: str) -> Trace:
     """Read and check a trace file (cached while the file is unchanged); one-line errors."""
     p = Path(path)
@@ -225,6 +267,12 @@ def load_trace(path: str) -> Trace:
         raise _fail(
             path, "no such file (relative paths: from the current folder or the scenario's)"
         ) from None
+    if _is_pickle(p):
+        raise _fail(
+            path,
+            "a pickle (FedScale publishes its traces so) is never loaded as a trace; convert it "
+            "with: python -m foltr_async traces import fedscale DEVICE BEHAVIOUR --out FILE.json",
+        )
     try:
         return _load(str(p), mtime)
     except (OSError, UnicodeDecodeError) as e:
