@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import DatasetError, FoltrError, ScenarioError
-from foltr_async.ltr.clicks import cascade
+from foltr_async.ltr.clicks import cascade, grade_scale
 from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
@@ -72,8 +72,7 @@ def _load(
             test = load_letor(test_file, normalise=normalise) if test_file.exists() else None
         if test is None:
             raise ScenarioError(f"dataset.path: {path}: no test.txt beside the training data")
-    n_grades = 5 if max(train.max_grade, test.max_grade) > 2 else 3
-    return Datasets(train, test, n_grades)
+    return Datasets(train, test, grade_scale(max(train.max_grade, test.max_grade)))
 
 
 def load_datasets(cfg: dict) -> Datasets:

@@ -40,6 +40,7 @@ __all__ = [
     "PARSER_VERSION",
     "LetorBlock",
     "cache_dir",
+    "check_line",
     "load_fold",
     "load_letor",
     "normalise_per_query",
@@ -586,7 +587,7 @@ def _explain(raw: bytes, line0: int, path: Path, n_features: int | None) -> NoRe
     """Find the first bad line of a block the fast path rejected; always raises."""
     lines = raw.split(b"\n")
     for i, line_b in enumerate(lines[:-1] if lines[-1] == b"" else lines):
-        msg = _check_line(line_b.decode("utf-8", errors="surrogateescape"), n_features)
+        msg = check_line(line_b.decode("utf-8", errors="surrogateescape"), n_features)
         if msg is not None:
             raise DatasetError(f"{path}:{line0 + i + 1}: {msg}")
     last = line0 + len(lines) - 1
@@ -599,7 +600,7 @@ def _short(tok: str) -> str:
     return repr(tok if len(tok) <= 40 else tok[:37] + "...")
 
 
-def _check_line(line: str, n_features: int | None) -> str | None:
+def check_line(line: str, n_features: int | None) -> str | None:
     """The careful per-line parser: the reason ``line`` is not valid LETOR, or None."""
     line = line.split("#", 1)[0]
     ctrl = _CTRL_CHARS.search(line)
