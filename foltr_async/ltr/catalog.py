@@ -30,6 +30,9 @@ from foltr_async.ltr.clicks import grade_scale
 from foltr_async.ltr.data import check_line, scan_letor
 
 SPLITS = ("train", "vali", "test")
+#: text per parsed block: 4 MiB peaks at ~210 MB resident on an MSLR-like file where the
+#: loader's 32 MiB blocks peak at 1.4 GB, at the same CPU time (measured on 300,000 lines)
+CHECK_BLOCK = 4 << 20
 _FOLD = re.compile(r"Fold(\d+)")
 _LETOR_FILES = {"train": "train.txt", "vali": "vali.txt", "test": "test.txt"}
 
@@ -236,7 +239,7 @@ class Report:
 
 def check(path: str | Path, progress: Callable[[Path, int, int], None] | None = None) -> Report:
     """Recognise ``path`` and validate every line of every file (streamed: memory stays at a
-    few 32 MiB blocks); ``progress(file, bytes_done, size)`` is called per block."""
+    few blocks); ``progress(file, bytes_done, size)`` is called per block."""
     layout = recognise(path)
     coll = layout.collection
     parts: dict[str, dict[str, SplitStats]] = {}
@@ -253,7 +256,7 @@ def _scan(path: Path, coll: Collection, progress) -> SplitStats:
     size = path.stat().st_size
     allowed = np.zeros(128, dtype=bool)
     allowed[list(coll.grades)] = True
-    for blk in scan_letor(path, n_features=coll.n_features):
+    for blk in scan_letor(path, n_features=coll.n_features, block=CHECK_BLOCK):
         bad = ~allowed[blk.labels]
         if bad.any():
             i = int(np.argmax(bad))

@@ -121,6 +121,9 @@ class CSFLTRStrategy(Strategy):
 class CSFLTR(ProtocolRun):
     """One CS-F-LTR run: the corpus, the parties, the relaying server and the measurements."""
 
+    #: parties rank by term statistics of their own text (federation.params.corpus)
+    reads_features = False
+
     def __init__(self, ctx: RunContext) -> None:
         p, fed = ctx.params, ctx.cfg["federation"]
         if p.z1 > p.z:
