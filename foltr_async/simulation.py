@@ -558,6 +558,7 @@ class Simulation:
         from a checkpoint if there is one, start the agents, play, stop, collect the results."""
         self._start_clock()
         self.build()
+        self._data_event()
         self._plan()
         self._make_server()
         if self._saved is not None:
@@ -570,6 +571,20 @@ class Simulation:
             await self._stop()
             heap.thaw()
         return self._collect()
+
+    def _data_event(self) -> None:
+        """Log what the run reads, and which click tables its users follow (3 or 5 grades,
+        chosen from the data's grades): events.jsonl then says so for every repeat."""
+        d, data = self.cfg["dataset"], self.ctx.data
+        self._emit(
+            "dataset",
+            source=d["path"] or d["profile"],
+            train_queries=data.train.n_queries,
+            test_queries=data.test.n_queries,
+            features=data.train.n_features,
+            max_grade=max(data.train.max_grade, data.test.max_grade),
+            click_grades=data.n_grades,
+        )
 
     def _start_clock(self) -> None:
         """Wall and simulated time zero; a resumed run continues the interrupted one's clock."""

@@ -138,7 +138,7 @@ def _by_width(path: Path, candidates: tuple[Collection, ...]) -> Collection:
     """The dense collection whose feature count the first data line of ``path`` has."""
     with open(path, "rb") as fh:
         for n, raw in enumerate(fh, 1):
-            line = raw.decode("utf-8", errors="surrogateescape")
+            line = raw.rstrip(b"\n").decode("utf-8", errors="surrogateescape")
             msg = check_line(line, None)
             if msg is not None:
                 raise DatasetError(f"{path}:{n}: {msg}")
@@ -211,21 +211,23 @@ class Report:
         max_id = max(s.max_id for s in stats)
         n = grade_scale(self.max_grade)
         reads = f"folds {', '.join(map(str, lay.folds))}" if lay.folds else "its one split"
-        out = [f"{lay.root}: {self.name}, {lay.describe()}"]
+        out = [
+            f"{lay.root}: {self.name}, {lay.describe()}",
+            f"  {'':6} {'split':5} {'queries':>9} {'documents':>11} {'no relevant doc':>16}",
+        ]
         for part, splits in self.parts.items():
-            cells = "; ".join(
-                f"{split} {s.queries:,} queries / {s.docs:,} docs"
-                + (f" ({s.no_relevant:,} without a relevant doc)" if s.no_relevant else "")
-                for split, s in splits.items()
-            )
-            out.append(f"  {part or 'splits'}: {cells}")
+            for i, (split, s) in enumerate(splits.items()):
+                out.append(
+                    f"  {'' if i else part:6} {split:5} {s.queries:>9,} {s.docs:>11,} "
+                    f"{s.no_relevant:>16,}"
+                )
         no_rel = sum(s.no_relevant for s in stats)
         out += [
             f"  features: max id {max_id} of the collection's {coll.n_features}; "
             f"{int(used.sum())} ids carry a non-zero value; values "
             f"{min(s.lo for s in stats):.6g} .. {max(s.hi for s in stats):.6g}",
-            "  grades: "
-            + ", ".join(f"{g}: {int(counts[g]):,}" for g in grades)
+            "  grades (documents, every file): "
+            + " | ".join(f"{g}: {int(counts[g]):,}" for g in grades)
             + f" (the collection's {coll.grade_text()})",
             f"  queries without a relevant document: {no_rel:,} of "
             f"{sum(s.queries for s in stats):,} (offline nDCG skips them by default: "
