@@ -41,7 +41,7 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make, bench, serve, join, keys, merge.",
+            "validate SCENARIO, list, dataset make|check, bench, serve, join, keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument(
