@@ -210,7 +210,7 @@ def test_a_grade_outside_the_collection_is_named(collections, tmp_path, capsys):
     test = letor / "Fold4" / "test.txt"
     _set_line(test, 3, lambda line: "3" + line[1:])
     err = _one_line_error(letor, capsys)
-    assert f"{test}:3: grade 3; expected 0-2 (LETOR 4.0 (MQ2007/MQ2008))" in err
+    assert f"{test}:3: grade 3; LETOR 4.0 (MQ2007/MQ2008) grades are 0-2" in err
 
 
 def test_an_unknown_layout_or_feature_count_is_one_line(collections, tmp_path, capsys):
@@ -249,6 +249,20 @@ def test_one_option_takes_folds_and_normalisation_from_the_layout(collections):
         [f"dataset.path={collections['letor4']}", "dataset.folds=[2]", "dataset.normalise=true"],
     )
     assert sc.folds == (2,) and sc.variants["FPDGD"]["dataset"]["normalise"] is True
+    train = collections["mslr"] / "Fold3" / "train.txt"  # a file: read as given, no folds
+    sc = load_scenario(fold_file, [f"dataset.path={train}"])
+    assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"] == str(train)
+
+
+def test_large_files_report_their_progress_on_stderr(collections, capsys, monkeypatch):
+    import foltr_async.cli
+
+    monkeypatch.setattr(foltr_async.cli, "PROGRESS_BYTES", 1)
+    code, out, err = check(collections["yahoo"], capsys)
+    assert code == 0 and "Yahoo! LTR set 1" in out
+    train = collections["yahoo"] / "set1.train.txt"
+    size = train.stat().st_size / 2**20
+    assert f"reading {train}: {size:,.0f} of {size:,.0f} MB" in err
 
 
 def test_a_path_that_is_no_collection_fails_the_scenario_in_one_line(tmp_path, capsys):

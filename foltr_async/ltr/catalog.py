@@ -159,7 +159,6 @@ class SplitStats:
 
     path: Path
     docs: int = 0
-    lines: int = 0
     max_id: int = 0
     grade_counts: np.ndarray = field(default_factory=lambda: np.zeros(128, dtype=np.int64))
     used: np.ndarray | None = None  # feature ids (0-based) with a non-zero value somewhere
@@ -263,11 +262,10 @@ def _scan(path: Path, coll: Collection, progress) -> SplitStats:
         if bad.any():
             i = int(np.argmax(bad))
             raise DatasetError(
-                f"{path}:{blk.doc_line[i]}: grade {blk.labels[i]}; expected "
-                f"{coll.grade_text()} ({coll.name})"
+                f"{path}:{blk.doc_line[i]}: grade {blk.labels[i]}; {coll.name} grades are "
+                f"{coll.grade_text()}"
             )
         st.docs += len(blk.labels)
-        st.lines = int(blk.doc_line[-1])
         st.max_id = max(st.max_id, blk.max_id)
         st.grade_counts += np.bincount(blk.labels.astype(np.int64), minlength=128)
         w = blk.dense.shape[1]
