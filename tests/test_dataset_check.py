@@ -254,6 +254,22 @@ def test_one_option_takes_folds_and_normalisation_from_the_layout(collections):
     assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"] == str(train)
 
 
+def test_letor_files_of_no_published_collection_run_but_fail_the_check(tmp_path, capsys):
+    """A written synthetic profile (700 features: yahoo-like) is no collection's layout: the
+    check says so, a run reads it as plain LETOR files."""
+    out = tmp_path / "yahoo-like"
+    assert (
+        main(["dataset", "make", "--profile", "yahoo-like", "--queries", "30", "--out", str(out)])
+        == 0
+    )
+    capsys.readouterr()
+    err = _one_line_error(out, capsys)
+    assert f"{out / 'train.txt'}:1: feature ids up to 700; expected 220 (Istella-S)" in err
+    sc = load_scenario(REPRODUCE / "fpdgd_dp.toml", [f"dataset.path={out}"])
+    assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"] == str(out)
+    assert sc.variants["FPDGD"]["dataset"]["normalise"] is False
+
+
 def test_large_files_report_their_progress_on_stderr(collections, capsys, monkeypatch):
     import foltr_async.cli
 

@@ -69,6 +69,16 @@ ISTELLA = Collection("Istella-S", 220, (0, 1, 2, 3, 4), 0, _LETOR_FILES, True)
 BY_WIDTH = {c.n_features: c for c in (LETOR4, MSLR, ISTELLA)}
 
 
+class NotPublished(DatasetError):
+    """A LETOR folder laid out like a collection but with a feature count none of them has (a
+    written synthetic profile, one's own data): runs read it as plain files, ``check`` refuses
+    it. ``folds`` are its FoldN numbers (empty without folds)."""
+
+    def __init__(self, message: str, folds: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.folds = folds
+
+
 @dataclass(frozen=True)
 class Layout:
     """A recognised folder: the collection, what ``dataset.path`` names, its folds and files."""
@@ -106,13 +116,13 @@ def recognise(path: str | Path) -> Layout:
                 f"{root}: expected Fold1..Fold5 as the collection ships, found {found}"
             )
         first = _need(root / "Fold1", _LETOR_FILES, "train")
-        coll = _by_width(first, (LETOR4, MSLR))
+        coll = _by_width(first, (LETOR4, MSLR), tuple(folds))
         files = {f"Fold{f}": _splits(root / f"Fold{f}", coll) for f in folds}
         return Layout(coll, root, tuple(folds), files)
     if any((root / n).exists() for n in YAHOO.files.values()):
         return Layout(YAHOO, root, (), {"": _splits(root, YAHOO)})
     if any((root / n).exists() for n in _LETOR_FILES.values()):
-        coll = _by_width(_need(root, _LETOR_FILES, "train"), (ISTELLA, LETOR4, MSLR))
+        coll = _by_width(_need(root, _LETOR_FILES, "train"), (ISTELLA, LETOR4, MSLR), ())
         return Layout(coll, root, (), {"": _splits(root, coll)})
     if (root / "sample").is_dir():  # Istella-S as unpacked: istella-s-letor/sample/
         return recognise(root / "sample")
@@ -134,7 +144,7 @@ def _splits(folder: Path, coll: Collection) -> dict[str, Path]:
     return {s: _need(folder, coll.files, s) for s in SPLITS}
 
 
-def _by_width(path: Path, candidates: tuple[Collection, ...]) -> Collection:
+def _by_width(path: Path, candidates: tuple[Collection, ...], folds: tuple[int, ...]) -> Collection:
     """The dense collection whose feature count the first data line of ``path`` has."""
     with open(path, "rb") as fh:
         for n, raw in enumerate(fh, 1):
@@ -149,7 +159,7 @@ def _by_width(path: Path, candidates: tuple[Collection, ...]) -> Collection:
             if coll in candidates:
                 return coll
             known = " or ".join(f"{c.n_features} ({c.name})" for c in candidates)
-            raise DatasetError(f"{path}:{n}: feature ids up to {max(ids)}; expected {known}")
+            raise NotPublished(f"{path}:{n}: feature ids up to {max(ids)}; expected {known}", folds)
     raise DatasetError(f"{path}: no data lines (expected 'label qid:<id> 1:<value> ...')")
 
 

@@ -204,8 +204,9 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
     folds (or one fixed split) and query-level normalisation follow from its layout
     (``foltr_async.ltr.catalog``), so one option moves any scenario onto it; a later
     ``--set dataset.folds=...`` or ``dataset.normalise=...`` still wins. A file path keeps its
-    old meaning (that file, ``test.txt`` beside it, no folds)."""
-    from foltr_async.ltr.catalog import recognise
+    old meaning (that file, ``test.txt`` beside it, no folds); LETOR files of no published
+    collection (a written synthetic profile) are read as they are, on their FoldN folders."""
+    from foltr_async.ltr.catalog import NotPublished, recognise
 
     out: list[tuple[list[str], Any]] = []
     for keys, value in sets:
@@ -217,6 +218,9 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
             continue
         try:
             layout = recognise(value)
+        except NotPublished as e:
+            out.append((["dataset", "folds"], list(e.folds)))
+            continue
         except DatasetError as e:
             raise DatasetError(f"--set dataset.path: {e}") from None
         out[-1] = (keys, str(layout.root))
