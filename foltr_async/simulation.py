@@ -906,9 +906,9 @@ class ProtocolRun(Checkpointed, ABC):
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /
     #: ``users_click_model``), so ``[federation.partition]`` can apply.
     partitions: bool = False
-    #: False when it learns from something other than the scenario's feature-vector dataset
-    #: (CS-F-LTR: a text corpus), so a ``dataset.path`` would be silently unused: refused.
-    reads_features: bool = True
+    #: What it learns from when that is not the scenario's feature-vector dataset (CS-F-LTR:
+    #: a text corpus); a ``dataset.path`` would then be silently unused, so it is refused.
+    own_data: str | None = None
     #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
     unlearns: bool = False
 

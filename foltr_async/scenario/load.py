@@ -297,13 +297,13 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             f"{where}: federation.protocol: unknown protocol {fed['protocol']!r}"
             f"{suggest(fed['protocol'], known)}; known: {', '.join(known)}"
         )
-    if cfg["dataset"]["path"] is not None and not getattr(proto.build, "reads_features", True):
+    own = getattr(proto.build, "own_data", None)
+    if cfg["dataset"]["path"] is not None and own is not None:
         raise fail(
             where,
             "dataset.path",
-            f"no path: protocol {fed['protocol']!r} learns from a text corpus (term statistics, "
-            "federation.params.corpus), which a learning-to-rank collection of feature vectors "
-            "does not hold",
+            f"no path: protocol {fed['protocol']!r} learns from {own}, which a learning-to-rank "
+            "collection of feature vectors does not hold",
             cfg["dataset"]["path"],
         )
     fed["params"] = check_table(fed["params"], proto.fields, where, "federation.params")

@@ -121,8 +121,7 @@ class CSFLTRStrategy(Strategy):
 class CSFLTR(ProtocolRun):
     """One CS-F-LTR run: the corpus, the parties, the relaying server and the measurements."""
 
-    #: parties rank by term statistics of their own text (federation.params.corpus)
-    reads_features = False
+    own_data = "a text corpus (term statistics, federation.params.corpus)"
 
     def __init__(self, ctx: RunContext) -> None:
         p, fed = ctx.params, ctx.cfg["federation"]
