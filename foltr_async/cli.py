@@ -52,8 +52,8 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make, traces import, bench, serve, join, keys, "
-            "merge.",
+            "validate SCENARIO, list, dataset make|check, traces import, bench, serve, join, "
+            "keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument(
@@ -473,7 +473,15 @@ def _cmd_dataset(argv: list[str]) -> int:
     make.add_argument("--out", type=Path, required=True)
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--queries", type=int, default=None, help="total queries (all splits)")
+    check = sub.add_parser(
+        "check",
+        help="recognise a published collection (MQ2007/MQ2008, MSLR-WEB10K/30K, Yahoo! LTR "
+        "set 1, Istella-S) as distributed, validate every line, report what runs would see",
+    )
+    check.add_argument("path", type=Path, help="the collection's folder")
     args = p.parse_args(argv)
+    if args.action == "check":
+        return _dataset_check(args.path)
     from foltr_async.ltr.synthetic import make_dataset_files
 
     for path in make_dataset_files(args.profile, args.out, args.seed, n_queries=args.queries):
@@ -512,6 +520,44 @@ def _cmd_traces(argv: list[str]) -> int:
         f"of {f['device_rows']}, behaviour rows {f['behaviour_used']} of {f['behaviour_rows']}; "
         f"over one {f['cycle_s'] / 3600:.4g} h cycle {100 * f['online_mean']:.3g}% of them "
         f"online on average, nobody online {100 * f['nobody_online']:.3g}% of the time"
+    )
+    return 0
+
+
+#: files larger than this report their progress while ``dataset check`` reads them
+PROGRESS_BYTES = 100 * 2**20
+
+
+def _dataset_check(path: Path) -> int:
+    """``dataset check PATH``: the report on stdout, progress of large files on stderr."""
+    import time
+
+    from foltr_async.ltr.catalog import check
+
+    tty = sys.stderr.isatty()
+    shown: dict[Path, int] = {}
+
+    def progress(file: Path, done: int, size: int) -> None:
+        if size < PROGRESS_BYTES:
+            return
+        step = done * 4 // size  # quarters when stderr is a file, every block on a terminal
+        if tty or step > shown.get(file, 0):
+            shown[file] = step
+            end = "\n" if done >= size or not tty else ""
+            print(
+                f"\r  reading {file}: {done / 2**20:,.0f} of {size / 2**20:,.0f} MB",
+                end=end,
+                file=sys.stderr,
+                flush=True,
+            )
+
+    t0 = time.perf_counter()
+    report = check(path, progress)
+    for line in report.lines():
+        print(line)
+    print(
+        f"  checked {report.bytes / 2**20:,.1f} MB in {time.perf_counter() - t0:.1f} s "
+        f"({report.parsed / 2**20:,.1f} MB parsed; the rest repeats parsed files byte for byte)"
     )
     return 0
 

@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import DatasetError, FoltrError, ScenarioError
-from foltr_async.ltr.clicks import cascade
+from foltr_async.ltr.clicks import cascade, grade_scale
 from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
@@ -73,8 +73,7 @@ def _load(
             test = load_letor(test_file, normalise=normalise) if test_file.exists() else None
         if test is None:
             raise ScenarioError(f"dataset.path: {path}: no test.txt beside the training data")
-    n_grades = 5 if max(train.max_grade, test.max_grade) > 2 else 3
-    return Datasets(train, test, n_grades)
+    return Datasets(train, test, grade_scale(max(train.max_grade, test.max_grade)))
 
 
 def load_datasets(cfg: dict) -> Datasets:
@@ -604,6 +603,7 @@ class Simulation:
         from a checkpoint if there is one, start the agents, play, stop, collect the results."""
         self._start_clock()
         self.build()
+        self._data_event()
         self._plan()
         self._make_server()
         if self._saved is not None:
@@ -616,6 +616,20 @@ class Simulation:
             await self._stop()
             heap.thaw()
         return self._collect()
+
+    def _data_event(self) -> None:
+        """Log what the run reads, and which click tables its users follow (3 or 5 grades,
+        chosen from the data's grades): events.jsonl then says so for every repeat."""
+        d, data = self.cfg["dataset"], self.ctx.data
+        self._emit(
+            "dataset",
+            source=d["path"] or d["profile"],
+            train_queries=data.train.n_queries,
+            test_queries=data.test.n_queries,
+            features=data.train.n_features,
+            max_grade=max(data.train.max_grade, data.test.max_grade),
+            click_grades=data.n_grades,
+        )
 
     def _start_clock(self) -> None:
         """Wall and simulated time zero; a resumed run continues the interrupted one's clock."""
@@ -948,6 +962,9 @@ class ProtocolRun(Checkpointed, ABC):
     #: True when its clients read per-client data (``RunContext.train_set`` / ``batch_of`` /
     #: ``users_click_model``), so ``[federation.partition]`` can apply.
     partitions: bool = False
+    #: What it learns from when that is not the scenario's feature-vector dataset (CS-F-LTR:
+    #: a text corpus); a ``dataset.path`` would then be silently unused, so it is refused.
+    own_data: str | None = None
     #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
     unlearns: bool = False
     #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's

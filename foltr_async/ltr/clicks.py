@@ -68,6 +68,14 @@ class CascadeModel:
         return reach * pc
 
 
+def grade_scale(max_grade: int) -> int:
+    """The click tables' grade scale for data whose highest grade is ``max_grade``: 3 for
+    LETOR 4.0's 0-2 (MQ2007/2008), 5 above it (MSLR-WEB10K, Yahoo!, Istella-S grade 0-4), as
+    the thesis instantiates the cascade models per dataset (seeds/000, Section 2.2.1, Tables
+    2.1 and 2.2). Runs and ``dataset check`` both decide by this one rule."""
+    return 3 if max_grade <= 2 else 5
+
+
 def cascade(name: str, n_grades: int) -> CascadeModel:
     """The named cascade model for a dataset with grades ``0..n_grades-1``.
 

@@ -38,10 +38,13 @@ from foltr_async.ltr.queryset import QuerySet
 
 __all__ = [
     "PARSER_VERSION",
+    "LetorBlock",
     "cache_dir",
+    "check_line",
     "load_fold",
     "load_letor",
     "normalise_per_query",
+    "scan_letor",
     "write_letor",
 ]
 
@@ -278,10 +281,11 @@ def _format_values(x: np.ndarray) -> np.ndarray:
 
 
 def _find_split(directory: Path, split: str) -> Path | None:
+    # Yahoo!'s folder holds set 1 and set 2 side by side; set 1 is the studies' collection.
     names = {
-        "train": ["train.txt"],
-        "vali": ["vali.txt", "valid.txt", "validation.txt"],
-        "test": ["test.txt"],
+        "train": ["train.txt", "set1.train.txt"],
+        "vali": ["vali.txt", "valid.txt", "validation.txt", "set1.valid.txt"],
+        "test": ["test.txt", "set1.test.txt"],
     }[split]
     for name in names:
         if (directory / name).is_file():
@@ -301,19 +305,22 @@ def _find_split(directory: Path, split: str) -> Path | None:
 
 
 @dataclass
-class _Block:
+class LetorBlock:
+    """The documents of one parsed block of a LETOR file, in file order."""
+
     labels: np.ndarray  # (docs,) int8
     qids: np.ndarray  # (docs,) bytes (S) without the 'qid:' prefix
-    dense: np.ndarray  # (docs, width) float32
+    dense: np.ndarray  # (docs, width) float32, width = max_id
     doc_line: np.ndarray  # (docs,) 1-based line number of each document
     max_id: int  # largest feature id in the block
+    bytes_done: int = 0  # bytes of the file read up to the end of this block
 
 
-def _iter_blocks(fh) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with a newline), about ``_BLOCK`` bytes each."""
+def _iter_blocks(fh, size: int = _BLOCK) -> Iterator[bytes]:
+    """Blocks of whole lines (each ends with a newline), about ``size`` bytes each."""
     carry = b""
     while True:
-        chunk = fh.read(_BLOCK)
+        chunk = fh.read(size)
         if not chunk:
             break
         data = carry + chunk if carry else chunk
@@ -327,25 +334,41 @@ def _iter_blocks(fh) -> Iterator[bytes]:
         yield carry + b"\n"
 
 
+def scan_letor(
+    path: str | os.PathLike[str], *, n_features: int | None = None, block: int = _BLOCK
+) -> Iterator[LetorBlock]:
+    """Parse ``path`` block by block (about ``block`` bytes of text each), in file order.
+
+    Memory stays bounded by a few blocks whatever the file size (the vectorised parse needs
+    about 15x a block's bytes in temporaries, three blocks in flight), so a whole collection can
+    be validated without holding it; every line is checked as :func:`load_letor` checks it (the
+    first bad one raises a one-line :class:`DatasetError` naming file and line). Feature ids
+    above ``n_features`` are errors.
+    """
+    path = Path(path)
+    line0 = 0
+    pending: deque[tuple[Future, int]] = deque()
+    # Two blocks in flight: numpy releases the GIL in most of the block parser.
+    try:
+        with open(path, "rb") as fh, ThreadPoolExecutor(max_workers=2) as pool:
+            done = 0
+            for raw in _iter_blocks(fh, block):
+                done += len(raw)
+                pending.append((pool.submit(_parse_block, raw, line0, path, n_features), done))
+                line0 += raw.count(b"\n")
+                while len(pending) > 2:
+                    yield from _collect(pending)
+            while pending:
+                yield from _collect(pending)
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
 def _parse_file(
     path: Path, n_features: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Parse ``path`` into (features, labels, qptr, qids) with queries grouped."""
-    blocks: list[_Block] = []
-    line0 = 0
-    pending: deque[Future] = deque()
-    # Two blocks in flight: numpy releases the GIL in most of the block parser.
-    try:
-        with open(path, "rb") as fh, ThreadPoolExecutor(max_workers=2) as pool:
-            for raw in _iter_blocks(fh):
-                pending.append(pool.submit(_parse_block, raw, line0, path, n_features))
-                line0 += raw.count(b"\n")
-                while len(pending) > 2:
-                    _collect(pending.popleft(), blocks, pending)
-            while pending:
-                _collect(pending.popleft(), blocks, pending)
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    blocks = list(scan_letor(path, n_features=n_features))
     if not blocks:
         raise DatasetError(f"{path}: no data lines (expected 'label qid:<id> 1:<value> ...')")
 
@@ -383,20 +406,23 @@ def _parse_file(
     return features, labels, qptr, qids
 
 
-def _collect(fut: Future, blocks: list[_Block], pending: deque[Future]) -> None:
-    """Append a finished block; on its error cancel the rest so the first error wins."""
+def _collect(pending: deque[tuple[Future, int]]) -> Iterator[LetorBlock]:
+    """The oldest block, if it held data lines; on its error cancel the rest so the first
+    error wins."""
+    fut, done = pending.popleft()
     try:
         blk = fut.result()
     except BaseException:
-        for other in pending:
+        for other, _ in pending:
             other.cancel()
         raise
     if blk is not None:
-        blocks.append(blk)
+        blk.bytes_done = done
+        yield blk
 
 
 def _decode_qids(
-    qids: np.ndarray, all_qids: np.ndarray, first: np.ndarray, blocks: list[_Block], path: Path
+    qids: np.ndarray, all_qids: np.ndarray, first: np.ndarray, blocks: list[LetorBlock], path: Path
 ) -> np.ndarray:
     try:
         return qids.astype(str)
@@ -414,7 +440,7 @@ def _decode_qids(
     return np.array(out, dtype=str)
 
 
-def _parse_block(raw: bytes, line0: int, path: Path, n_features: int | None) -> _Block | None:
+def _parse_block(raw: bytes, line0: int, path: Path, n_features: int | None) -> LetorBlock | None:
     """Vectorised parse of whole lines; on any doubt defer to :func:`_explain` for the error.
 
     Work is per byte only for cheap comparisons; the rest is per token or per line.
@@ -540,7 +566,7 @@ def _parse_block(raw: bytes, line0: int, path: Path, n_features: int | None) -> 
         raise DatasetError(f"{path}:{line}: feature id {ids[bad]} exceeds n_features={n_features}")
     dense = np.zeros((len(data_lines), width), dtype=np.float32)
     dense.reshape(-1)[f_doc * width + ids - 1] = vals
-    blk = _Block(
+    blk = LetorBlock(
         labels=lab.astype(np.int8),
         qids=qids,
         dense=dense,
@@ -562,7 +588,7 @@ def _explain(raw: bytes, line0: int, path: Path, n_features: int | None) -> NoRe
     """Find the first bad line of a block the fast path rejected; always raises."""
     lines = raw.split(b"\n")
     for i, line_b in enumerate(lines[:-1] if lines[-1] == b"" else lines):
-        msg = _check_line(line_b.decode("utf-8", errors="surrogateescape"), n_features)
+        msg = check_line(line_b.decode("utf-8", errors="surrogateescape"), n_features)
         if msg is not None:
             raise DatasetError(f"{path}:{line0 + i + 1}: {msg}")
     last = line0 + len(lines) - 1
@@ -575,7 +601,7 @@ def _short(tok: str) -> str:
     return repr(tok if len(tok) <= 40 else tok[:37] + "...")
 
 
-def _check_line(line: str, n_features: int | None) -> str | None:
+def check_line(line: str, n_features: int | None) -> str | None:
     """The careful per-line parser: the reason ``line`` is not valid LETOR, or None."""
     line = line.split("#", 1)[0]
     ctrl = _CTRL_CHARS.search(line)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foltr_async.errors import ScenarioError
+from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.registry import load_plugins, suggest
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
@@ -167,7 +167,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     if not isinstance(variants_raw, dict):
         raise fail(where, "variants", "a table of named override tables", variants_raw)
     variants_raw = _with_grids(variants_raw, raw.pop("grid", []), where)
-    sets = [_parse_set(s) for s in overrides]
+    sets = _with_layout([_parse_set(s) for s in overrides])
     if seed is not None:
         sets.append((["scenario", "seed"], seed))
     names = list(variants_raw) or ["default"]
@@ -197,6 +197,36 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     folds = _folds(resolved, where)
     repeats = first["repeats"] * max(1, len(folds))
     return Scenario(path, first["name"], first["seed"], repeats, reference, resolved, folds)
+
+
+def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any]]:
+    """``--set dataset.path=DIR`` replaces the file's data with a published collection: the
+    folds (or one fixed split) and query-level normalisation follow from its layout
+    (``foltr_async.ltr.catalog``), so one option moves any scenario onto it; a later
+    ``--set dataset.folds=...`` or ``dataset.normalise=...`` still wins. A file path keeps its
+    old meaning (that file, ``test.txt`` beside it, no folds); LETOR files of no published
+    collection (a written synthetic profile) are read as they are, on their FoldN folders."""
+    from foltr_async.ltr.catalog import NotPublished, recognise
+
+    out: list[tuple[list[str], Any]] = []
+    for keys, value in sets:
+        out.append((keys, value))
+        if keys != ["dataset", "path"] or not isinstance(value, str):
+            continue
+        if Path(value).is_file():
+            out.append((["dataset", "folds"], []))
+            continue
+        try:
+            layout = recognise(value)
+        except NotPublished as e:
+            out.append((["dataset", "folds"], list(e.folds)))
+            continue
+        except DatasetError as e:
+            raise DatasetError(f"--set dataset.path: {e}") from None
+        out[-1] = (keys, str(layout.root))
+        out.append((["dataset", "folds"], list(layout.folds)))
+        out.append((["dataset", "normalise"], layout.collection.normalise))
+    return out
 
 
 def _with_grids(variants: dict, grids: Any, where: str) -> dict:
@@ -266,6 +296,15 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         raise ScenarioError(
             f"{where}: federation.protocol: unknown protocol {fed['protocol']!r}"
             f"{suggest(fed['protocol'], known)}; known: {', '.join(known)}"
+        )
+    own = getattr(proto.build, "own_data", None)
+    if cfg["dataset"]["path"] is not None and own is not None:
+        raise fail(
+            where,
+            "dataset.path",
+            f"no path: protocol {fed['protocol']!r} learns from {own}, which a learning-to-rank "
+            "collection of feature vectors does not hold",
+            cfg["dataset"]["path"],
         )
     fed["params"] = check_table(fed["params"], proto.fields, where, "federation.params")
     if fed["aggregator"] not in registry.aggregators:

@@ -121,6 +121,8 @@ class CSFLTRStrategy(Strategy):
 class CSFLTR(ProtocolRun):
     """One CS-F-LTR run: the corpus, the parties, the relaying server and the measurements."""
 
+    own_data = "a text corpus (term statistics, federation.params.corpus)"
+
     def __init__(self, ctx: RunContext) -> None:
         p, fed = ctx.params, ctx.cfg["federation"]
         if p.z1 > p.z:
