@@ -2,8 +2,8 @@
 
 Exit codes: 0 success; 1 internal error (traceback saved to error.log in the output folder);
 2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but a variant
-learned nothing (no round took in a client update; results are kept); 130 interrupted (results
-written so far are kept).
+learned nothing (no round took in a client update) or measured nothing (no held-out query has a
+relevant document), results kept; 130 interrupted (results written so far are kept).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ RESULT_FILES = (
     "events.jsonl",
     "checkpoint.pkl",
 )
-#: exit code of a finished run in which some variant learned nothing
-NOTHING_LEARNED = 3
+#: exit code of a finished run in which some variant learned or measured nothing
+NO_RESULT = 3
 COMMANDS = ("run", "validate", "list", "dataset", "bench", "serve", "join", "keys", "merge")
 
 
@@ -271,15 +271,20 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
-    idle = results.get("nothing_learned")
+    idle, unmeasured = results.get("nothing_learned"), results.get("nothing_measured")
     if idle:
         print(
             f"error: nothing was learned in {', '.join(idle)}: no client update reached the "
             f"model in any round (results kept in {out})",
             file=sys.stderr,
         )
-        return NOTHING_LEARNED
-    return 0
+    if unmeasured:
+        print(
+            f"error: nothing was measured in {', '.join(unmeasured)}: no held-out query has a "
+            f"relevant document, so {results.get('metric')} is undefined (results kept in {out})",
+            file=sys.stderr,
+        )
+    return NO_RESULT if idle or unmeasured else 0
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
