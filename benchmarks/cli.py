@@ -173,6 +173,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the runs")
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a measured metric misses its target (default: FAIL is only shown)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="also cProfile the timed FPDGD and FOLtR-ES rounds (top functions in the output)",
@@ -181,7 +186,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the bench; 0 when every suite ran, 1 when one failed, 2 on bad input."""
+    """Run the bench; 0 when every suite ran, 1 when one failed (or, with ``--check``, a
+    metric missed its target), 2 on bad input."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse has printed its one-line error
@@ -216,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2, default=float))
     else:
         render(results)
+    missed = [c["metric"] for c in results["checks"] if not c["ok"]]
+    if args.check and missed:
+        print(
+            f"error: --check: {len(missed)} target{'s' if len(missed) > 1 else ''} missed: "
+            + ", ".join(missed),
+            file=sys.stderr,
+        )
+        return 1
     return 1 if any(isinstance(v, dict) and "error" in v for v in results.values()) else 0
 
 

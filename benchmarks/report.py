@@ -126,6 +126,12 @@ def render(results: dict) -> None:
         if isinstance(d, dict) and "error" in d:
             table.add_row(suite, "suite failed", "error", "", "[red]FAIL[/]")
     console.print(table)
+    console.print(
+        "target: the speed, size or accuracy the project aims for (docs/PERFORMANCE.md: which "
+        "are met); FAIL marks a miss on this run (a busy machine misses more: see CPU share) "
+        "and sets the exit code only with --check",
+        highlight=False,
+    )
     for suite, d in results.items():
         if not isinstance(d, dict) or suite in ("meta",):
             continue

@@ -2,8 +2,8 @@
 
 Exit codes: 0 success; 1 internal error (traceback saved to error.log in the output folder);
 2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but a variant
-learned nothing (no round took in a client update; results are kept); 130 interrupted (results
-written so far are kept).
+learned nothing (no round took in a client update) or measured nothing (no held-out query has a
+relevant document), results kept; 130 interrupted (results written so far are kept).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ RESULT_FILES = (
     "events.jsonl",
     "checkpoint.pkl",
 )
-#: exit code of a finished run in which some variant learned nothing
-NOTHING_LEARNED = 3
+#: exit code of a finished run in which some variant learned or measured nothing
+NO_RESULT = 3
 COMMANDS = (
     "run",
     "validate",
@@ -284,15 +284,20 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
-    idle = results.get("nothing_learned")
+    idle, unmeasured = results.get("nothing_learned"), results.get("nothing_measured")
     if idle:
         print(
             f"error: nothing was learned in {', '.join(idle)}: no client update reached the "
             f"model in any round (results kept in {out})",
             file=sys.stderr,
         )
-        return NOTHING_LEARNED
-    return 0
+    if unmeasured:
+        print(
+            f"error: nothing was measured in {', '.join(unmeasured)}: no held-out query has a "
+            f"relevant document, so {results.get('metric')} is undefined (results kept in {out})",
+            file=sys.stderr,
+        )
+    return NO_RESULT if idle or unmeasured else 0
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
@@ -350,43 +355,53 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
     if args.out is None:
         return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    held = _held(out)
-    try:  # claim the folder: of two runs started on it at once, one gets it
+    _refuse_taken(out)
+    try:  # create and claim it: of two runs started on it at once, one gets it
+        out.mkdir(parents=True, exist_ok=True)
         (out / "events.jsonl").open("x").close()
     except FileExistsError:
-        held = held or ["events.jsonl"]
-    hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
-    _refuse_held(out, held, hint)
+        _refuse_taken(out, ["events.jsonl"])
+    except OSError as e:
+        raise FoltrError(f"--out {out}: cannot create the folder: {e.strerror}") from None
     return out
 
 
-def _held(out: Path) -> list[str]:
-    """The run result files ``out`` already holds."""
-    return [n for n in RESULT_FILES if (out / n).exists()]
-
-
-def _refuse_held(out: Path, held: list[str], hint: str = "") -> None:
-    """--out must be new or empty: one line naming what the folder already holds."""
+def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:
+    """--out must be a new or empty folder: one line saying what it is or already holds (a
+    run's results, or files that are none of ours); nothing in it is touched."""
+    if out.exists() and not out.is_dir():
+        raise FoltrError(f"--out {out}: not a folder")
+    held = [n for n in RESULT_FILES if (out / n).exists()] or list(claimed)
     if held:
+        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
         raise FoltrError(
             f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
             f"replaced. Give a new or empty folder{hint}"
+        )
+    other = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        raise FoltrError(
+            f"--out {out}: not empty and not a run's results folder (holds {shown}); nothing "
+            "was written. Give a new or empty folder"
         )
 
 
 def _new_folder(base: Path) -> Path:
     """``base``, or ``base-2``, ``base-3``, ... if another run (e.g. one started in the same
     second) has it: a folder is created by exactly one run, so results never mix."""
-    base.parent.mkdir(parents=True, exist_ok=True)
     out, n = base, 1
-    while True:
-        try:
-            out.mkdir()
-            return out
-        except FileExistsError:
-            n += 1
-            out = base.with_name(f"{base.name}-{n}")
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                out.mkdir()
+                return out
+            except FileExistsError:
+                n += 1
+                out = base.with_name(f"{base.name}-{n}")
+    except OSError as e:  # a file where a folder should be, no permission, a full disk
+        raise FoltrError(f"cannot create the output folder {out}: {e.strerror}") from None
 
 
 class _nullcontext:
@@ -426,7 +441,7 @@ def _cmd_merge(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from foltr_async.merge import merge_runs
 
-    _refuse_held(args.out, _held(args.out))
+    _refuse_taken(args.out)
     res = merge_runs(args.runs, args.out)
     n = sum(len(v["repeats"]) for v in res["variants"].values())
     print(

@@ -26,7 +26,7 @@ import structlog
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
-from foltr_async.observe.results import ResultsWriter
+from foltr_async.observe.results import ResultsWriter, measured_nothing
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import run_jobs
 from foltr_async.runtime import heap
@@ -142,11 +142,18 @@ def conclusions(results: dict) -> list[str]:
         for name, n in idle.items()
     ]
     lines += _nobody_online(variants)
+    lines += [
+        f"Nothing was measured in {name}: in {n} of {len(variants[name]['repeats'])} repeats no "
+        f"held-out query has a relevant document, so {METRIC} is undefined (its 0 is no result)."
+        for name, n in (results.get("nothing_measured") or {}).items()
+    ]
     finals = {
-        name: v["summary"]["final"][METRIC]["mean"]
+        name: final["mean"]
         for name, v in variants.items()
-        if v.get("summary", {}).get("final", {}).get(METRIC) and name not in idle
+        for final in [v.get("summary", {}).get("final", {}).get(METRIC) or {}]
+        if final.get("mean") is not None and name not in idle
     }
+    folds = _folds(results)
     if not finals:
         return lines
     best = max(finals, key=finals.get)
@@ -159,7 +166,7 @@ def conclusions(results: dict) -> list[str]:
         if mark and before in finals and ref in finals
     ]
     adjusted = holm([u["recovery"][1] for u in unlearned])
-    lines += [_unlearning_sentence(u, p) for u, p in zip(unlearned, adjusted, strict=True)]
+    lines += [_unlearning_sentence(u, p, folds) for u, p in zip(unlearned, adjusted, strict=True)]
     for name, v in variants.items():
         runs = [(r.get("privacy") or {}).get("run") for r in v.get("repeats", [])]
         runs = [r for r in runs if r and r.get("basic") is not None]
@@ -193,11 +200,33 @@ def conclusions(results: dict) -> list[str]:
             test = f"n = {comp['n']}: no test"
         else:
             sig = "significant" if holm_p < ALPHA else "not significant"
-            test = f"paired t-test over {comp['n']} seeds: {sig}, p={p:.3g}, Holm p={holm_p:.3g}"
+            test = (
+                f"paired t-test over {_runs(comp['n'], folds)}: {sig}, p={p:.3g}, "
+                f"Holm p={holm_p:.3g}"
+            )
         lines.append(
             f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {METRIC} ({test})."
         )
     return lines
+
+
+def _folds(results: dict) -> int:
+    """How many folds the repeats cycle through (``dataset.folds``; 0: none, repeats are seeds)."""
+    return max(
+        (
+            len((cfg.get("dataset") or {}).get("folds") or ())
+            for cfg in (results.get("config") or {}).values()
+            if isinstance(cfg, dict)
+        ),
+        default=0,
+    )
+
+
+def _runs(n: int, folds: int) -> str:
+    """``n`` paired repeats as they are: seeds, or (fold, seed) runs."""
+    if not folds:
+        return f"{n} seeds"
+    return f"{n} runs ({folds} folds x {n // folds} seeds)" if n % folds == 0 else f"{n} runs"
 
 
 def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
@@ -224,14 +253,16 @@ def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
     return out
 
 
-def _unlearning_sentence(u: dict, rec_holm: float | None) -> str:
+def _unlearning_sentence(u: dict, rec_holm: float | None, folds: int) -> str:
     """Says what share of the gap was closed only when the gap and the recovery (Holm-adjusted
     over the scenario's unlearned variants) are significant."""
     name, before, ref = u["name"], u["before"], u["ref"]
     if u["n"] == 0:
-        return f"Unlearning: no seed finished {name}, {before} and {ref}."
+        return f"Unlearning: no repeat finished {name}, {before} and {ref}."
     if u["n"] < 2:
-        return f"Unlearning: {u['levels']}: too few seeds for a conclusion."
+        return (
+            f"Unlearning: {u['levels']}: too few {'runs' if folds else 'seeds'} for a conclusion."
+        )
     (gap_diff, gap_p), (rec_diff, rec_p), (rest_diff, rest_p) = (
         u["gap"],
         u["recovery"],
@@ -265,7 +296,7 @@ def _per_seed(variant: dict, last_round: int | None) -> dict[int, float]:
     evaluations up to ``last_round``."""
     out = {}
     for rep in variant["repeats"]:
-        curve = (rep.get("offline") or {}).get(METRIC) or []
+        curve = [] if measured_nothing(rep) else (rep.get("offline") or {}).get(METRIC) or []
         values = [
             v
             for r, v in zip(rep.get("rounds") or [], curve, strict=True)

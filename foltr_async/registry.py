@@ -87,6 +87,18 @@ def suggest(name: str, known: list[str]) -> str:
     return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
+def unknown(kind: str, name: Any, known: Collection[str]) -> str:
+    """Why ``name`` is no registered ``kind`` (protocol, behaviour, aggregator), with the
+    nearest name, the known ones and where a plugin's names come from."""
+    got = "" if name is None else f" {name!r}"
+    hint = suggest(name, sorted(known)) if isinstance(name, str) else ""
+    return (
+        f"unknown {kind}{got}{hint}; known: {', '.join(sorted(known))} (a plugin's {kind}s "
+        f"register when its module is named in {PLUGINS_ENV}; `python -m foltr_async list` "
+        "shows every name)"
+    )
+
+
 #: Comma-separated modules imported after ``protocols`` (a protocol or attack kept outside the
 #: package, e.g. ``examples.fedavgm``); worker processes inherit it with the environment.
 PLUGINS_ENV = "FOLTR_ASYNC_PLUGINS"

@@ -20,7 +20,7 @@ import structlog
 
 from foltr_async.errors import DatasetError, FoltrError, ScenarioError
 from foltr_async.ltr.clicks import cascade, grade_scale
-from foltr_async.ltr.metrics import OnlineDiscounted, offline_metrics
+from foltr_async.ltr.metrics import OnlineDiscounted, count_judged, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
@@ -149,6 +149,9 @@ class RunContext:
     partition: Partition | None = field(default=None, init=False, repr=False)
     #: ``[network.flgo]``: FLGo's system models of this run (None: not configured)
     flgo: FlgoSystem | None = field(default=None, init=False, repr=False)
+    #: held-out queries with a relevant document in what ``evaluate`` scores (the fewest of
+    #: any label view); None until it runs. 0: the offline metrics measured nothing.
+    judged_queries: int | None = field(default=None, init=False, repr=False)
 
     @property
     def assumed_malicious(self) -> int:
@@ -222,13 +225,14 @@ class RunContext:
         held-out queries (at most ``evaluation.max_test_queries``). With a partition that gives
         several label views of them (e.g. one per intent): nDCG@10 per view and their mean."""
         if self.partition is not None and self.partition.test_sets:
-            return evaluate_views(
-                ranker, self.partition.test_sets, self.cfg["evaluation"]["no_relevant"]
-            )
+            views = self.partition.test_sets
+            self.judged_queries = min(map(count_judged, views))
+            return evaluate_views(ranker, views, self.cfg["evaluation"]["no_relevant"])
         test = self.data.test
         cap = self.cfg["evaluation"]["max_test_queries"]
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
+        self.judged_queries = count_judged(test)
         wants_clicks = any(m.startswith("maxrr") for m in metrics)
         return offline_metrics(
             held_out_scores(ranker, test.features),
@@ -760,6 +764,8 @@ class Simulation:
         }
         if self.remote is None:  # remote users' records arrive only at checkpoints and the end
             result["interactions"] = self._interactions  # users' interactions by each evaluation
+        if self.ctx.judged_queries is not None:
+            result["judged_queries"] = self.ctx.judged_queries
         result.update(self.proto.report())
         if isinstance(self.server, AsyncServerAgent):
             result["staleness"] = staleness_summary(self.server.staleness)

@@ -118,6 +118,12 @@ def ndcg(scores: np.ndarray, qs: QuerySet, k: int = 10, no_relevant: str = "skip
     return out
 
 
+def count_judged(qs: QuerySet) -> int:
+    """Queries with at least one relevant document: the only ones whose nDCG is defined (with
+    none, every ranking scores 0 under either ``no_relevant`` convention: nothing is measured)."""
+    return int(np.count_nonzero(ideal_dcg(qs, 10) > 0))
+
+
 def mean_ndcg(scores: np.ndarray, qs: QuerySet, k: int = 10, no_relevant: str = "skip") -> float:
     """Mean nDCG@k over queries, skipped (nan) queries left out; nan if every query is skipped."""
     vals = ndcg(scores, qs, k, no_relevant)

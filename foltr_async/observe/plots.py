@@ -36,7 +36,7 @@ def _mark_after_training(ax, results: dict, names: list[str]) -> None:
     variants = results.get("variants", {})
     ends, last = {}, 0
     for name in names:
-        mine = max(variants[name]["summary"]["curve"]["rounds"])
+        mine = max(variants[name]["summary"]["curve"]["rounds"], default=0)  # 0: not measured
         last = max(last, mine)
         if planned.get(name) and mine > planned[name]:
             calib = any("unlearning" in rep for rep in variants[name].get("repeats", []))

@@ -46,9 +46,13 @@ OWN_KEYS = (
     "conclusions",
     "complete",
     "nothing_learned",
+    "nothing_measured",
     "equal_time",
     "equal_interactions",
 )
+#: Offline metrics defined by relevance labels: a repeat whose held-out queries have no
+#: relevant document measured nothing in them (MaxRR follows the click model and still does).
+LABEL_METRICS = ("ndcg", "err")
 
 NO_RELEVANT = {
     "skip": "queries without a relevant document are left out of the mean "
@@ -73,9 +77,23 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def final_value(rep: dict, metric: str) -> float | None:
-    """A repeat's ``metric`` at its last evaluated round (None if it evaluated nothing)."""
-    values = (rep.get("offline") or {}).get(metric)
+    """A repeat's ``metric`` at its last evaluated round (None if it evaluated nothing, or if
+    the metric measured nothing: see ``measured_nothing``)."""
+    values = _measured(rep, metric)
     return values[-1] if values else None
+
+
+def measured_nothing(rep: dict) -> bool:
+    """A repeat none of whose held-out queries has a relevant document: its nDCG and ERR are
+    0 whatever the model, not a result. (False for a repeat without the count on record.)"""
+    return rep.get("judged_queries") == 0
+
+
+def _measured(rep: dict, metric: str) -> list | None:
+    """A repeat's curve of ``metric``, None when it measured nothing."""
+    if measured_nothing(rep) and metric.startswith(LABEL_METRICS):
+        return None
+    return (rep.get("offline") or {}).get(metric)
 
 
 def learned_nothing(rep: dict) -> bool:
@@ -98,8 +116,14 @@ def nobody_online_share(contrib: dict) -> float | None:
     return contrib["nobody_online_s"] / total if total else None
 
 
+def nothing_measured(variants: dict[str, list[dict]]) -> dict[str, int]:
+    """Variants with repeats that measured nothing, and how many such repeats each has."""
+    counts = {name: sum(map(measured_nothing, reps)) for name, reps in variants.items()}
+    return {name: n for name, n in counts.items() if n}
+
+
 def _curve(repeats: list[dict], metric: str) -> dict:
-    with_curve = [rep for rep in repeats if (rep.get("offline") or {}).get(metric)]
+    with_curve = [rep for rep in repeats if _measured(rep, metric)]
     return curve(
         [rep.get("rounds", []) for rep in with_curve],
         [rep["offline"][metric] for rep in with_curve],
@@ -223,12 +247,22 @@ def render_summary_md(results: dict) -> str:
     planned = (results.get("planned") or {}).get("repeats")
     total = f"{done}/{planned * len(variants)}" if planned else str(done)
     lines = [f"# {results.get('scenario', 'run')}", ""]
-    status = "complete" if results.get("complete") else "partial (interrupted or still running)"
-    idle = results.get("nothing_learned") or {}
-    if idle:
-        status += "; nothing was learned in " + ", ".join(
-            f"{name} ({n} of {len(variants[name]['repeats'])} repeats)" for name, n in idle.items()
+    complete = results.get("complete")
+    status = "complete" if complete else "partial (interrupted or still running)"
+    unmeasured = results.get("nothing_measured") or {}
+    notes = [
+        f"nothing was {what} in "
+        + ", ".join(
+            f"{name} ({n} of {len(variants[name]['repeats'])} repeats)"
+            for name, n in counts.items()
         )
+        for what, counts in (("learned", results.get("nothing_learned")), ("measured", unmeasured))
+        if counts
+    ]
+    if complete and unmeasured:  # every repeat ran, yet some gave no result
+        status = "finished, but " + "; ".join(notes)
+    elif notes:
+        status += "; " + "; ".join(notes)
     lines.append(f"Seed {results.get('seed')}; {total} repeats finished; run {status}.")
     for data in _datasets(results.get("config") or {}):
         lines.append(f"Dataset: {data}.")
@@ -253,6 +287,8 @@ def render_summary_md(results: dict) -> str:
     for name, entry in variants.items():
         s = entry.get("summary") or {}
         final = _mean_std((s.get("final") or {}).get(metric), ".4f")
+        if unmeasured.get(name) == len(entry["repeats"]):
+            final = "**not measured**"
         if name == ref:
             delta = "reference"
         elif name in comps and comps[name]["diff_mean"] is not None:
@@ -434,6 +470,7 @@ class ResultsWriter(Observer):
             "conclusions": list(self._conclusions),
             "complete": self._complete,
             "nothing_learned": nothing_learned(summaries),
+            "nothing_measured": nothing_measured(variants),
         }
         if is_timed(variants):  # asynchronous variants: at equal simulated time, interactions
             for axis, key in AXES.items():

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.registry import suggest
 from foltr_async.runtime.flgo import FlgoModels
 from foltr_async.runtime.traces import Trace, load_trace
 
@@ -148,7 +149,9 @@ class Latency:
         for key in d:
             if key not in allowed:
                 raise _fail(
-                    f"{path}.{key}", f"one of the {kind} latency keys: {', '.join(allowed)}"
+                    f"{path}.{key}",
+                    f"one of the {kind} latency keys{suggest(str(key), list(allowed))}: "
+                    + ", ".join(allowed),
                 )
         for key in _KINDS[kind]:
             if key not in d:
@@ -208,7 +211,10 @@ class Diurnal:
             raise _fail(path, "a table {amplitude, day, spread}", d)
         for key in d:
             if key not in ("amplitude", "day", "spread"):
-                raise _fail(f"{path}.{key}", "one of the diurnal keys: amplitude, day, spread")
+                hint = suggest(str(key), ["amplitude", "day", "spread"])
+                raise _fail(
+                    f"{path}.{key}", f"one of the diurnal keys{hint}: amplitude, day, spread"
+                )
         kw = {}
         if "amplitude" in d:
             kw["amplitude"] = _number(d, "amplitude", path, hi=1.0)
@@ -318,7 +324,10 @@ class NetworkModel:
             raise _fail(prefix, "a table", d)
         for key in d:
             if key not in _KEYS:
-                raise _fail(f"{prefix}.{key}", "one of the network keys: " + ", ".join(_KEYS))
+                raise _fail(
+                    f"{prefix}.{key}",
+                    f"one of the network keys{suggest(str(key), list(_KEYS))}: " + ", ".join(_KEYS),
+                )
         kw: dict[str, Any] = {}
         if "latency" in d:
             kw["latency"] = Latency.from_dict(d["latency"], f"{prefix}.latency")

@@ -43,11 +43,14 @@ from pathlib import Path
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.inputs import MB, read_capped
 from foltr_async.runtime import heap
 
 __all__ = ["ClientTrace", "Trace", "load_trace"]
 
 _INDEX = re.compile(r"^client-(\d+)$")
+#: the largest trace file read (it is read whole, then parsed)
+MAX_TRACE_BYTES = 256 * MB
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,16 @@ def _ordered(table: Mapping, path: str, what: str) -> list:
 
 def _num(entry: Mapping, key: str, path: str, client: str, *, lo: float = 0.0, hi=None) -> float:
     v = entry.get(key) if isinstance(entry, Mapping) else None
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= lo
-    if ok and hi is not None:
-        ok = v <= hi
-    if not ok:
+    x, got = math.nan, repr(v)
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        try:
+            x = float(v)
+        except OverflowError:  # JSON integers have no size limit: 10**400
+            got = "an integer beyond the float range"
+    if not (math.isfinite(x) and x >= lo and (hi is None or x <= hi)):
         rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise _fail(path, f"client {client}: {key}: expected a number {rng}, got {v!r}")
-    return float(v)
+        raise _fail(path, f"client {client}: {key}: expected a number {rng}, got {got}")
+    return x
 
 
 def _relative(values: list[float]) -> list[float]:
@@ -215,26 +221,30 @@ def _flgo(doc: Mapping, path: str) -> tuple[ClientTrace, ...]:
 
 
 def _csv_device(text: str, path: str) -> dict:
-    rows = list(csv.DictReader(text.splitlines()))
-    need = {"client_id", "computation", "communication"}
-    if not rows or not need <= set(rows[0]):
+    header, *rows = list(csv.reader(text.splitlines())) or [[]]
+    need = ("client_id", "computation", "communication")
+    if not rows or not set(need) <= set(header):
         raise _fail(path, "expected a CSV header client_id,computation,communication")
+    col = {name: header.index(name) for name in need}
     device = {}
-    for r in rows:
+    for line, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise _fail(
+                path,
+                f"line {line}: expected {len(header)} fields ({','.join(header)}), got {len(row)}",
+            )
+        client = row[col["client_id"]]
         try:
-            device[r["client_id"]] = {
-                "computation": float(r["computation"]),
-                "communication": float(r["communication"]),
-            }
+            device[client] = {k: float(row[col[k]]) for k in ("computation", "communication")}
         except ValueError:
-            raise _fail(path, f"client {r['client_id']}: expected numbers") from None
+            raise _fail(path, f"client {client}: expected numbers") from None
     return {"format": "fedscale", "device": device}
 
 
 @heap.process_cache(maxsize=16)
 def _load(path: str, mtime: float) -> Trace:
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    text = read_capped(p, MAX_TRACE_BYTES, "trace file").decode("utf-8")
     if p.suffix.lower() == ".csv":
         doc = _csv_device(text, path)
     else:
@@ -242,6 +252,10 @@ def _load(path: str, mtime: float) -> Trace:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise _fail(path, f"invalid JSON: {e.msg} (line {e.lineno})") from None
+        except ValueError as e:  # an integer of more digits than Python converts
+            raise _fail(path, f"invalid JSON: {str(e).split(';')[0]}") from None
+        except RecursionError:
+            raise _fail(path, "invalid JSON: nested too deeply") from None
     if not isinstance(doc, Mapping) or doc.get("format") not in ("fedscale", "flgo"):
         raise _fail(path, 'expected a JSON object with "format": "fedscale" or "flgo"')
     clients = _fedscale(doc, path) if doc["format"] == "fedscale" else _flgo(doc, path)
@@ -277,3 +291,5 @@ def load_trace(path: str) -> Trace:
         return _load(str(p), mtime)
     except (OSError, UnicodeDecodeError) as e:
         raise _fail(path, f"cannot read: {e}") from None
+    except ValueError as e:  # read_capped: not a regular file, or too large
+        raise _fail(path, str(e)) from None

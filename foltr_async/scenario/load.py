@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
-from foltr_async.registry import load_plugins, suggest
+from foltr_async.inputs import MB, nesting_depth, read_capped
+from foltr_async.registry import load_plugins, suggest, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 ACTIONS = ("join", "leave", "crash", "rejoin", "attack_start", "attack_stop", "unlearn")
@@ -117,7 +118,15 @@ TIMELINE_FIELDS = {
     "action": Field(str, help="what happens", choices=ACTIONS),
     "agents": Field(list, [], "agent ids, or groups: 'attackers', 'clients'"),
 }
-TOP_LEVEL = (*SECTIONS, "agents", "timeline", "variants", "grid")
+#: the largest scenario file read (a scenario is a few kB; a grid a few more)
+MAX_SCENARIO_BYTES = 4 * MB
+#: how deep a scenario's tables and arrays may nest (real ones: about 6)
+MAX_DEPTH = 32
+#: the longest folder name most file systems take (bytes): ``scenario.name`` is one
+NAME_MAX = 255
+#: what one variant's table holds (and what a ``[variants.NAME]`` table or ``--set`` may set)
+VARIANT_LEVEL = (*SECTIONS, "agents", "timeline")
+TOP_LEVEL = (*VARIANT_LEVEL, "variants", "grid")
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     path = Path(path)
     where = str(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_capped(path, MAX_SCENARIO_BYTES, "scenario file").decode())
     except FileNotFoundError:
         raise ScenarioError(f"{where}: no such scenario file") from None
     except OSError as e:
@@ -157,17 +166,21 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         raise ScenarioError(f"{where}: invalid TOML: {e}") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{where}: not UTF-8 text") from None
-    for key in raw:
-        if key not in TOP_LEVEL:
-            raise ScenarioError(
-                f"{where}: {key_text(key)}: unknown section{suggest(key, list(TOP_LEVEL))}; "
-                f"known: {', '.join(TOP_LEVEL)}"
-            )
+    except ValueError as e:  # read_capped: not a regular file, or too large
+        raise ScenarioError(f"{where}: {e}") from None
+    except RecursionError:
+        raw = None  # the parser's own stack: deeper than any limit below
+    if raw is None or nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
+        raise ScenarioError(f"{where}: nested deeper than {MAX_DEPTH} levels of tables and arrays")
+    check_sections(raw, TOP_LEVEL, where)
     variants_raw = raw.pop("variants", {}) or {}
     if not isinstance(variants_raw, dict):
         raise fail(where, "variants", "a table of named override tables", variants_raw)
     variants_raw = _with_grids(variants_raw, raw.pop("grid", []), where)
-    sets = _with_layout([_parse_set(s) for s in overrides])
+    parsed = [_parse_set(s) for s in overrides]
+    for (keys, _), text in zip(parsed, overrides, strict=True):
+        check_sections({keys[0]: None}, VARIANT_LEVEL, f"--set {text}")
+    sets = _with_layout(parsed)
     if seed is not None:
         sets.append((["scenario", "seed"], seed))
     names = list(variants_raw) or ["default"]
@@ -187,7 +200,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
         resolved[name] = validate(merged, where_v, default_name=path.stem)
-    first = next(iter(resolved.values()))["scenario"]
+    first = _scenario_wide(resolved, where)
     reference = first["reference"]
     if reference is not None and reference not in resolved:
         raise ScenarioError(
@@ -229,6 +242,18 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
     return out
 
 
+def check_sections(table: dict, known: tuple[str, ...], where: str) -> None:
+    """Every top-level key of ``table`` is one of ``known``: the base file, each variant as
+    merged from its ``[variants.NAME]`` table or ``[[grid]]`` entry, and every ``--set`` path
+    are checked by this one rule, so a misspelt section never runs the defaults."""
+    for key in table:
+        if key not in known:
+            hint = " (only at the top of the file)" if key in TOP_LEVEL else suggest(key, known)
+            raise ScenarioError(
+                f"{where}: {key_text(key)}: unknown section{hint}; known: {', '.join(known)}"
+            )
+
+
 def _with_grids(variants: dict, grids: Any, where: str) -> dict:
     """The explicit variants, then those the ``[[grid]]`` entries expand to."""
     from foltr_async.scenario.grid import expand_grids
@@ -238,6 +263,21 @@ def _with_grids(variants: dict, grids: Any, where: str) -> dict:
         if name in variants:
             raise fail(where, "grid", f"variant names not in [variants], {name!r} is")
     return {**variants, **expanded}
+
+
+def _scenario_wide(variants: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
+    """The ``[scenario]`` values the whole file shares (one output folder, one seed sequence,
+    one reference): a variant setting another one would silently run with the first's."""
+    for key in ("name", "seed", "repeats", "reference"):
+        values = {name: cfg["scenario"][key] for name, cfg in variants.items()}
+        if len(set(values.values())) > 1:
+            raise fail(
+                where,
+                f"scenario.{key}",
+                "one value for every variant (set it in the base [scenario] table)",
+                values,
+            )
+    return next(iter(variants.values()))["scenario"]
 
 
 def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
@@ -269,6 +309,7 @@ def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[
 def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> dict[str, Any]:
     """One variant's config with every default filled in, or a one-line ScenarioError."""
     registry = load_plugins()
+    check_sections(raw, VARIANT_LEVEL, where)
     cfg: dict[str, Any] = {}
     for section, fields in SECTIONS.items():
         if section == "network":
@@ -278,8 +319,18 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             raise fail(where, "federation.protocol", "a protocol name (required)")
         cfg[section] = check_table(raw.get(section, {}), fields, where, section)
     name = cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
-    if name in (".", "..") or not name.isprintable() or any(c in name for c in "/\\"):
-        raise fail(where, "scenario.name", "a name for one folder (no '/' or '\\')", name)
+    if (
+        name in (".", "..")
+        or not name.isprintable()
+        or any(c in name for c in "/\\")
+        or len(name.encode("utf-8")) > NAME_MAX
+    ):
+        raise fail(
+            where,
+            "scenario.name",
+            f"a name for one folder (no '/' or '\\', at most {NAME_MAX} bytes)",
+            name if len(name) <= 40 else f"{name[:40]}... ({len(name)} characters)",
+        )
     if cfg["dataset"]["path"] is None:
         from foltr_async.ltr.synthetic import profile_names
 
@@ -292,10 +343,9 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
     fed = cfg["federation"]
     proto = registry.protocols.get(fed["protocol"])
     if proto is None:
-        known = sorted(registry.protocols)
         raise ScenarioError(
-            f"{where}: federation.protocol: unknown protocol {fed['protocol']!r}"
-            f"{suggest(fed['protocol'], known)}; known: {', '.join(known)}"
+            f"{where}: federation.protocol: "
+            + unknown("protocol", fed["protocol"], registry.protocols)
         )
     own = getattr(proto.build, "own_data", None)
     if cfg["dataset"]["path"] is not None and own is not None:
@@ -308,10 +358,9 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         )
     fed["params"] = check_table(fed["params"], proto.fields, where, "federation.params")
     if fed["aggregator"] not in registry.aggregators:
-        known = sorted(registry.aggregators)
         raise ScenarioError(
-            f"{where}: federation.aggregator: unknown aggregator {fed['aggregator']!r}"
-            f"{suggest(fed['aggregator'], known)}; known: {', '.join(known)}"
+            f"{where}: federation.aggregator: "
+            + unknown("aggregator", fed["aggregator"], registry.aggregators)
         )
     _secure_aggregation(fed, where, registry)
     _partition(fed, where, proto)
@@ -372,11 +421,8 @@ def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> dic
     name = group.get("behaviour")
     entry = registry.behaviours.get(name) if isinstance(name, str) else None
     if entry is None:
-        known = sorted(registry.behaviours)
-        got = "" if name is None else f" {name!r}"
-        hint = suggest(name, known) if isinstance(name, str) else ""
         raise ScenarioError(
-            f"{where}: {path}.behaviour: unknown behaviour{got}{hint}; known: {', '.join(known)}"
+            f"{where}: {path}.behaviour: {unknown('behaviour', name, registry.behaviours)}"
         )
     if protocol not in entry.protocols:
         raise ScenarioError(
@@ -460,4 +506,11 @@ def _parse_set(text: str) -> tuple[list[str], Any]:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value  # bare words are strings: --set clicks.model=perfect
-    return key.strip().split("."), parsed
+    except RecursionError:
+        parsed = None
+    keys = key.strip().split(".")
+    if parsed is None or len(keys) + nesting_depth(parsed, MAX_DEPTH) > MAX_DEPTH:
+        raise ScenarioError(
+            f"--set {text[:60]!r}: nested deeper than {MAX_DEPTH} levels of tables and arrays"
+        )
+    return keys, parsed
