@@ -281,7 +281,7 @@ def load_trace(path: str) -> Trace:
         raise _fail(
             path, "no such file (relative paths: from the current folder or the scenario's)"
         ) from None
-    if _is_pickle(p):
+    if p.is_file() and _is_pickle(p):  # never open a FIFO or device: read_capped refuses it
         raise _fail(
             path,
             "a pickle (FedScale publishes its traces so) is never loaded as a trace; convert it "
