@@ -51,6 +51,14 @@ PLD_GRID = 0.01
 #: and such a release protects nothing a figure could show. Basic composition and RDP remain.
 PLD_MAX_EPSILON = 100.0
 ACCOUNTANTS = ("basic", "rdp", "pld")
+#: what the figures of ``account`` guarantee (written beside them in results.json)
+BOUNDS = {
+    "realised": "basic, rdp, pld: a posteriori, each client charged for the rounds it took part "
+    "in, whoever knows which; run and curve: the largest over the run's clients",
+    "a_priori": "a_priori_*: before the run, over the random selection of who takes part "
+    "(each round a release sampled with a_priori_sampling_probability), for a reader who "
+    "does not learn who took part",
+}
 #: gamma_difference_pmf: bins per unit shift (and per noise scale, whichever is finer), and the
 #: tail mass left out of the grid (counted as infinite privacy loss: it only adds to delta)
 NOISE_BINS = 200
@@ -357,6 +365,7 @@ def account(
         "epsilon_per_release": one.epsilon if one and math.isfinite(one.epsilon) else None,
         "releases_per_round": n_times if uniform_times else "per client",
         "delta": delta,
+        "bounds": BOUNDS if amplified else {"realised": BOUNDS["realised"]},
         "per_client": {c: {"rounds": counts[c], **final[c]} for c in sorted(history)},
         "run": run,
         "curve": curve,
