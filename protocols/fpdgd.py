@@ -458,11 +458,12 @@ class FPDGD(ProtocolRun):
         d = self.strategy.model.size
         eps_mech = p.l1_sensitivity(d) * p.epsilon / p.sensitivity
         played = sorted(self.taken_part)
-        shares = self.strategy.shares
+        n = fed["clients"] + self.ctx.n_malicious
+        # a round the server announced nothing in: the clients split over everyone (the paper)
+        shares = {r: self.strategy.shares.get(r, n) for r in played}
         shape = {r: len(self.taken_part[r]) / shares[r] for r in played}
         mechs = {r: gamma_difference(eps_mech, shape[r]) for r in played}
         pure = [mechs[r].pure_epsilon for r in played]
-        n = fed["clients"] + self.ctx.n_malicious
         clients = [client_id(i) for i in range(n)]
         every = self.ctx.cfg["evaluation"]["every"]
         curve = [r for r in range(1, self.last_round + 1) if r % every == 0 or r == self.last_round]
