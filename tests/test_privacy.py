@@ -225,18 +225,12 @@ def test_full_participation_keeps_the_papers_draws(tmp_path, monkeypatch):
 
 def gamma_difference_delta(epsilon: float, shape: float, at: float, n: int = 1_000_000) -> float:
     """Monte Carlo delta of gamma - gamma' (Gamma(shape, 1 / epsilon)) against the same shifted
-    by 1, at ``at``: P(X in S) - e^at P(X + 1 in S) over numpy's Gamma draws, S the outputs whose
-    privacy loss exceeds ``at`` (the set attaining the hockey-stick divergence)."""
+    by 1, at ``at``: E[(1 - e^(at - L(X)))+] over numpy's Gamma draws X, L the privacy loss."""
     rng = np.random.default_rng(11)
     x = rng.gamma(shape, 1.0 / epsilon, n) - rng.gamma(shape, 1.0 / epsilon, n)
-
-    def in_s(v: np.ndarray) -> np.ndarray:
-        loss = gamma_difference_logpdf(v, shape, 1.0 / epsilon) - gamma_difference_logpdf(
-            v - 1.0, shape, 1.0 / epsilon
-        )
-        return loss > at
-
-    return float(in_s(x).mean() - math.exp(at) * in_s(x + 1.0).mean())
+    scale = 1.0 / epsilon
+    loss = gamma_difference_logpdf(x, shape, scale) - gamma_difference_logpdf(x - 1.0, shape, scale)
+    return float(np.mean(np.clip(1.0 - np.exp(at - loss), 0.0, None)))
 
 
 @pytest.mark.parametrize("shape", [0.1, 0.5, 0.8])
@@ -258,23 +252,21 @@ def test_delta_of_a_short_aggregate_matches_an_independent_computation(shape):
 def test_a_round_missing_reports_states_its_weaker_guarantee(tmp_path):
     """A lost update leaves k' < k shares in the aggregate: that round's delta at the nominal
     epsilon is the Gamma(k'/k) noise's, not 0; the others' is 0 (L1 clipping: nominal exact)."""
-    result, noise, _, _ = fpdgd_run(
-        tmp_path, rounds=12, params=', clip_norm = "l1"', network="[network]\nloss = 0.2"
+    result, _, _, _ = fpdgd_run(
+        tmp_path, rounds=12, params=', clip_norm = "l1"', network="[network]\nloss = 0.02"
     )
     rounds = result["privacy"]["rounds"]
     pairs = list(zip(rounds["shares"], rounds["aggregated"], strict=True))
     assert 0 < sum(a < k for k, a in pairs) < len(pairs)
-    for i, (k, a) in enumerate(pairs):
-        delta = rounds["delta_at_nominal_epsilon"][i]
+    independent = {a / k: gamma_difference_delta(1.2, a / k, 1.2) for k, a in set(pairs) if a < k}
+    for (k, a), delta in zip(pairs, rounds["delta_at_nominal_epsilon"], strict=True):
         if a == k:
             assert delta == 0.0
         else:
-            assert delta == pytest.approx(gamma_difference_delta(1.2, a / k, 1.2), abs=2e-3)
-            assert delta > 0.01
-    # the run: no pure DP once a round held at most half its shares, PLD still bounds it
-    if any(a / k <= 0.5 for k, a in pairs):
-        assert result["privacy"]["run"]["basic"] is None
-    assert result["privacy"]["run"]["pld"] > 12 * 1.2 * 0.5
+            assert delta == pytest.approx(independent[a / k], abs=3e-3) and delta > 0.0
+    # the worst client's PLD epsilon is above the nominal Laplace composition's
+    nominal = result["privacy"]["nominal"]["run"]
+    assert result["privacy"]["run"]["pld"] > nominal["pld"]
 
 
 def test_epsilon_under_l2_clipping_is_sqrt_d_times_the_nominal_and_l1_clipping_makes_it_exact(
@@ -326,7 +318,7 @@ max_test_queries = 10
     sent: dict[str, int] = {}
     sim.bus.tap(lambda data, h: sent.__setitem__(h.src, sent.get(h.src, 0) + 1), kinds=SEED_METRIC)
     result = run(sim.run())
-    assert 0 < sum(result["contributions"]) < 3 * 12 if "contributions" in result else True
+    assert result["contributions"]["empty_rounds"] > 0  # rounds that kept the old model
     per_client = result["privacy"]["per_client"]
     assert {c: v["rounds"] for c, v in per_client.items() if v["rounds"]} == sent
     worst = max(sent.values())
