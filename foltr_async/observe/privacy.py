@@ -59,6 +59,8 @@ BOUNDS = {
     "(each round a release sampled with a_priori_sampling_probability), for a reader who "
     "does not learn who took part",
 }
+#: accounting composes Gamma-difference rounds with shapes rounded down to these steps
+SHAPE_STEPS = 20
 #: gamma_difference_pmf: bins per unit shift (and per noise scale, whichever is finer), and the
 #: tail mass left out of the grid (counted as infinite privacy loss: it only adds to delta)
 NOISE_BINS = 200
@@ -97,6 +99,17 @@ def gamma_difference(epsilon: float, shape: float) -> Mechanism:
     if shape >= 1.0:
         return laplace(epsilon)
     return Mechanism("gamma_difference", float(epsilon), shape=float(shape))
+
+
+def floor_shape(mech: Mechanism) -> Mechanism:
+    """The mechanism with its shape rounded down to a multiple of 1 / SHAPE_STEPS: a bound on
+    it (Gamma(a') - Gamma(a') is Gamma(a) - Gamma(a) plus independent noise for a' > a), so a
+    run's rounds need only a few distinct mechanisms to compose."""
+    if mech.kind != "gamma_difference":
+        return mech
+    return gamma_difference(
+        mech.epsilon, max(1, math.floor(mech.shape * SHAPE_STEPS)) / SHAPE_STEPS
+    )
 
 
 def rr_epsilon(p: float, k: int) -> float:
@@ -138,8 +151,9 @@ def gamma_difference_pmf(epsilon: float, shape: float) -> tuple[float, np.ndarra
     scale = 1.0 / epsilon
     h = min(1.0, scale) / NOISE_BINS
     h = 1.0 / math.ceil(1.0 / h)
-    # tail: P(|N| > t) <= 2 P(Gamma(shape, s) > t); take t where that is below NOISE_TAIL / 2
-    t = special.gammainccinv(shape, NOISE_TAIL / 4.0) * scale
+    # tail: P(|N| > t) <= 2 P(Gamma(shape, s) > t) below NOISE_TAIL / 2, and one shift more so
+    # that the neighbour's output (noise + 1) is on the same grid up to that tail
+    t = special.gammainccinv(shape, NOISE_TAIL / 4.0) * scale + 1.0
     n = math.ceil(t / h)
     edges = np.arange(1, n + 1) * h  # bins [0, h], [h, 2h], ... on the positive side
     # every bin but [0, h] by 8-point Gauss-Legendre on the density (smooth away from 0)
@@ -292,6 +306,30 @@ def sampled(mech: Mechanism, rounds: int, q: float, delta: float) -> dict[str, f
     }
 
 
+def _front(keys: set[tuple]) -> set[tuple]:
+    """The release histories no other one dominates, when the mechanisms are one additive
+    noise of one epsilon ordered by shape (a smaller shape is weaker): history A dominates B if,
+    for every shape, A holds at least as many releases at that shape or weaker. A dominated
+    history's epsilon is at most the dominating one's, so only the front is composed."""
+    mechs = sorted({m for k in keys for m, _ in k}, key=lambda m: m.shape)
+    additive = all(m.kind in ("laplace", "gamma_difference") for m in mechs)
+    if not mechs or not additive or len({m.epsilon for m in mechs}) != 1:
+        return keys
+    order = {m: i for i, m in enumerate(mechs)}
+    listed = list(keys)
+    counts = np.zeros((len(listed), len(mechs)))
+    for row, k in enumerate(listed):
+        for m, n in k:
+            counts[row, order[m]] = n
+    cum = np.cumsum(counts, axis=1)  # releases at each shape or weaker
+    keep = set()
+    for row in range(len(listed)):
+        above = np.all(cum >= cum[row], axis=1) & np.any(cum > cum[row], axis=1)
+        if not above.any():
+            keep.add(listed[row])
+    return keep
+
+
 def _worst(figures: list[dict]) -> dict:
     """Per accountant the largest figure (None if it is undefined for any client)."""
     out: dict[str, float | None] = {}
@@ -318,7 +356,10 @@ def account(
     ``releases_per_round``: releases a client makes per round taken part in (or client -> it).
     """
     played = sorted(taken_part)
-    per_round = mech if isinstance(mech, Mapping) else dict.fromkeys(played, mech)
+    if isinstance(mech, Mapping):
+        per_round = {r: floor_shape(m) for r, m in mech.items()}
+    else:
+        per_round = dict.fromkeys(played, mech)
     times = releases_per_round if callable(releases_per_round) else lambda _: releases_per_round
     history: dict[str, Counter] = {c: Counter() for c in clients}
 
@@ -331,8 +372,9 @@ def account(
         for c in taken_part[r]:
             history.setdefault(c, Counter())[per_round[r]] += 1
         if i in needed:
-            worst_after[i] = _worst([composed_all(s, delta) for s in {key(c) for c in history}])
-    final = {c: composed_all(key(c), delta) for c in sorted(history)}
+            front = _front({key(c) for c in history})
+            worst_after[i] = _worst([composed_all(k, delta) for k in front])
+    final = {c: composed_all(key(c), delta) for c in sorted(history)}  # every client's own
     counts = {c: sum(h.values()) for c, h in history.items()}
     worst_rounds = max(counts.values(), default=0)
     run = {"rounds": len(played), "max_client_rounds": worst_rounds, **_worst(list(final.values()))}
