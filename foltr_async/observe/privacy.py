@@ -143,6 +143,7 @@ def gamma_difference_logpdf(x: np.ndarray, shape: float, scale: float) -> np.nda
         )
 
 
+@lru_cache(maxsize=256)
 def gamma_difference_pmf(epsilon: float, shape: float) -> tuple[float, np.ndarray]:
     """The noise (scale 1 / epsilon) as masses of bins of width h, edges at multiples of h and 1
     a whole number of bins (the shift of the neighbouring output): (h, masses from -T to T)."""
@@ -166,9 +167,12 @@ def gamma_difference_pmf(epsilon: float, shape: float) -> tuple[float, np.ndarra
     # also takes the tail beyond the grid, at most NOISE_TAIL / 2)
     first = 0.5 - float(masses.sum())
     half = np.concatenate([[first], masses])
-    return h, np.concatenate([half[::-1], half])
+    masses = np.concatenate([half[::-1], half])
+    masses.setflags(write=False)  # cached: shared by every caller
+    return h, masses
 
 
+@lru_cache(maxsize=256)
 def gamma_difference_pure_epsilon(epsilon: float, shape: float) -> float:
     """sup_x ln f(x) / f(x - 1) of the noise's density f: inf for shape <= 1/2, where f is
     unbounded at 0; else on a fine grid around 0 and 1 (the loss tends to epsilon in the tails)."""
@@ -272,6 +276,7 @@ def composed(mech: Mechanism, n: int, delta: float) -> dict[str, float | None]:
     return composed_all(((mech, n),), delta)
 
 
+@lru_cache(maxsize=256)
 def delta_at(mech: Mechanism, epsilon: float) -> float:
     """The delta of one release at ``epsilon`` (0 when epsilon-DP holds): the round's
     guarantee stated at the nominal epsilon. For Gamma-difference noise the hockey-stick
