@@ -12,7 +12,13 @@ Privatisation (the paper's randomised response): the client's mean MaxRR is firs
 nearest of the n = 11 MaxRR values {0, 1/10, ..., 1/2, 1} (the mean over several queries is not
 one of them; this rounding is our documented choice); the true level is kept with probability p,
 otherwise one of the other n - 1 levels is sent, uniformly. That is epsilon-locally private with
-epsilon = log(p (n - 1) / (1 - p)) per message (infinite for p = 1).
+epsilon = log(p (n - 1) / (1 - p)) per release (infinite for p = 1). A round's message makes two
+releases (m+ and m-, one with ``antithetic = false`` or a batch of 1), each of a whole half of
+the client's round, and every message the server receives counts, aggregated or not (local DP:
+the release is the message). The reference implementation (facebookresearch/foltr-es) instead
+privatises every interaction's MaxRR and sends the mean of the B/2 privatised values: epsilon per
+interaction, but B/2 releases per half, B epsilon for a client's whole round; here one release
+covers a half: epsilon per interaction too, 2 epsilon per client and round.
 """
 
 from __future__ import annotations
@@ -336,14 +342,15 @@ class FOLtRES(ProtocolRun):
             )
         self.ctx = ctx
         self.strategy = ESStrategy(ctx)
-        self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
+        self.taken_part: dict[int, list[str]] = {}  # round -> clients whose metrics came
         self.last_round = 0
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return ESClient(agent_id, self.ctx, queries, rng)
 
     async def finish(self, server, reports: list) -> None:
-        self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
+        # every metric the server received was released, whether the round aggregated or not
+        self.taken_part = {r.round: r.clients for r in reports if r.clients}
         self.last_round = reports[-1].round if reports else 0
 
     def report(self) -> dict:
@@ -356,10 +363,13 @@ class FOLtRES(ProtocolRun):
 
     def accounting(self) -> dict:
         """Each client's local-DP epsilon over its randomised-response releases (m+ and, with
-        antithetic variates, m-: two per round taken part in), by basic composition, RDP, PLD."""
+        antithetic variates and a batch of 2 or more, m-), by basic composition, RDP, PLD."""
         cfg, p = self.ctx.cfg, self.ctx.params
         n = cfg["federation"]["clients"] + self.ctx.n_malicious
-        per_round = 2 if p.antithetic and cfg["federation"]["queries_per_client"] >= 2 else 1
+
+        def per_round(client: str) -> int:
+            return 2 if p.antithetic and self.ctx.batch_of(client) >= 2 else 1
+
         every, last = cfg["evaluation"]["every"], self.last_round
         return account(
             randomised_response(p.p, len(LEVELS)),

@@ -7,12 +7,21 @@ scenario's aggregator (FedAvg weighted by interactions by default).
 
 Differential privacy (the paper's Algorithm 3): after each local update the weights are clipped to
 norm Delta/2 (``clip = "half"``; the authors' code clips to Delta: ``clip = "full"``); once before
-sending, every coordinate gets ``gamma - gamma'`` with both Gamma(1/|C|, Delta/epsilon), so the
-noise summed over the |C| clients of a round is Laplace(Delta/epsilon) per coordinate. The
-guarantee is epsilon-DP of one round's aggregate; under basic composition a run of R rounds costs
-at most R * epsilon (reported as ``privacy.epsilon_basic_composition``). A single client's message
-alone carries only its Gamma-difference share of the noise: it is *not* epsilon-DP by itself
-unless a secure aggregation hides it.
+sending, every coordinate gets ``gamma - gamma'`` with both Gamma(1/k, Delta/epsilon), so the
+noise summed over k clients is Laplace(Delta/epsilon) per coordinate. The paper takes k = |C|,
+every client in every aggregate; here the server tells each round's clients how many were asked
+(``shares`` in the model message), so the shares of a round sum to Laplace whenever all of them
+report (under full participation k = |C|: the paper's draws exactly). When only k' < k reports
+reach the aggregate (deadline, dropout, loss), its noise is gamma - gamma' with Gamma(k'/k):
+not Laplace, a weaker guarantee, which the results state per round (``privacy.rounds``).
+
+Sensitivity: Laplace noise per coordinate is epsilon-DP for an L1 sensitivity Delta, but the
+paper clips in the L2 norm, under which two clients' weights differ by up to sqrt(d) Delta in L1.
+The results report the epsilon of the mechanism as clipped (``privacy.epsilon_mechanism``, and
+all accounting) next to the paper's nominal one (``privacy.nominal``); ``clip_norm = "l1"``
+clips in the L1 norm, for which the nominal epsilon is exact (with ``clip = "half"``).
+A single client's message alone carries only its Gamma-difference share of the noise: it is
+*not* epsilon-DP by itself unless a secure aggregation hides it.
 
 Local training time and batching: ``compute_time`` is the simulated time one local interaction
 takes, so a client replies ``B * compute_time`` simulated seconds after the model arrives (0 by
@@ -43,10 +52,10 @@ from foltr_async.ltr.pdgd_batch import (
     train_mlp_batch,
 )
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
-from foltr_async.observe.privacy import account, laplace
+from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Int, Str, register_kind
+from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
@@ -62,7 +71,8 @@ UPDATE = "fpdgd.update"
 UNLEARN = "unlearn.request"
 CALIBRATE = "fpdgd.calibrate"
 CALIBRATED = "fpdgd.calibrated"
-register_kind(MODEL, {"params": Array("float64", ndim=1)})
+#: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
+register_kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))})
 register_kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)})
 register_kind(UNLEARN, {"client": Str(max_len=64)})
 register_kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)})
@@ -78,6 +88,12 @@ class Params:
     clip: str = param(
         "half", "clip norm: Delta/2 (paper) or Delta (authors' code)", choices=("half", "full")
     )
+    clip_norm: str = param(
+        "l2",
+        "norm clipped: l2 (paper: the per-coordinate noise is then sqrt(d) short) or l1 (the "
+        "nominal epsilon is exact)",
+        choices=("l2", "l1"),
+    )
     accounting_delta: float = param(
         1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
     )
@@ -86,19 +102,29 @@ class Params:
     compute_time: float = param(0.0, "simulated seconds of local training per interaction", min=0.0)
 
     @property
-    def clip_norm(self) -> float:
+    def clip_bound(self) -> float:
         return self.sensitivity / (2.0 if self.clip == "half" else 1.0)
 
+    @property
+    def clip_order(self) -> int:
+        return 1 if self.clip_norm == "l1" else 2
 
-def clip_norm(theta: np.ndarray, bound: float) -> np.ndarray:
-    """theta * min(1, bound / ||theta||)."""
-    norm = float(np.linalg.norm(theta))
+    def l1_sensitivity(self, d: int) -> float:
+        """How far apart (L1) two clients' clipped d-dimensional weights can be: the shift of
+        the aggregate when one client's data is replaced."""
+        return 2.0 * self.clip_bound * (1.0 if self.clip_order == 1 else float(np.sqrt(d)))
+
+
+def clip_norm(theta: np.ndarray, bound: float, order: int = 2) -> np.ndarray:
+    """theta * min(1, bound / ||theta||) in the L``order`` norm."""
+    norm = float(np.linalg.norm(theta, ord=order))
     return theta if norm <= bound else theta * (bound / norm)
 
 
-def gamma_noise(rng: np.random.Generator, n_clients: int, scale: float, size: int) -> np.ndarray:
-    """One client's share gamma - gamma' of Laplace(scale) noise split over n_clients."""
-    shape = 1.0 / max(1, n_clients)
+def gamma_noise(rng: np.random.Generator, n_shares: int, scale: float, size: int) -> np.ndarray:
+    """One client's share gamma - gamma' of Laplace(scale) noise split over n_shares: n_shares
+    of them sum to Laplace(scale), k of them to gamma - gamma' with Gamma(k / n_shares)."""
+    shape = 1.0 / max(1, n_shares)
     return rng.gamma(shape, scale, size) - rng.gamma(shape, scale, size)
 
 
@@ -135,9 +161,14 @@ class LocalLearner:
         self.lr = p.lr
         self.dp = p.dp
         if self.dp:
-            self.bound = p.clip_norm
+            self.bound, self.order = p.clip_bound, p.clip_order
             self.noise_scale = p.sensitivity / p.epsilon
-        self.n_clients = ctx.cfg["federation"]["clients"] + ctx.n_malicious
+        #: how many clients the round's noise is split over: the server says it with the model
+        #: (a server that does not gets the federation's size, the paper's choice)
+        self.shares = ctx.cfg["federation"]["clients"] + ctx.n_malicious
+
+    def clip(self, theta: np.ndarray) -> np.ndarray:
+        return clip_norm(theta, self.bound, self.order)
 
     def train(self, start: np.ndarray, n: int) -> np.ndarray:
         """n PDGD interactions from ``start``, a step after each; returns the new weights."""
@@ -154,7 +185,7 @@ class LocalLearner:
                 theta = ranker.get_params() + self.lr * pdgd_gradient(
                     ranker, features, ranking, clicks, scores, compiled_pair_weights
                 )
-                ranker.set_params(clip_norm(theta, self.bound) if self.dp else theta)
+                ranker.set_params(self.clip(theta) if self.dp else theta)
         return ranker.get_params()
 
     def job(self, start: np.ndarray, n: int) -> PDGDJob:
@@ -168,12 +199,13 @@ class LocalLearner:
             users.click_model,
             self.lr,
             self.bound if self.dp else None,
+            self.order if self.dp else 2,
         )
 
     def privatise(self, theta: np.ndarray) -> np.ndarray:
         if not self.dp:
             return theta
-        return theta + gamma_noise(self.rng, self.n_clients, self.noise_scale, theta.size)
+        return theta + gamma_noise(self.rng, self.shares, self.noise_scale, theta.size)
 
 
 class FPDGDClient(Agent):
@@ -232,6 +264,8 @@ class FPDGDClient(Agent):
         start = env.body["params"]
         self.learner.users.round = env.round
         self.interactions = self.ctx.local_work(self.id, self.batch)
+        if env.body.get("shares"):
+            self.learner.shares = env.body["shares"]
         theta = await self.make_update(env.round, start)
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
@@ -312,6 +346,15 @@ class FPDGDStrategy(ModelStrategy):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.leavers: dict[str, int] = {}  # client id -> round of its request
+        self.shares: dict[int, int] = {}  # DP: round -> clients its noise was split over
+
+    def configure_for(self, round: int, participants: list[str]) -> dict:
+        """With DP the model carries how many clients share the round's noise: its clients."""
+        body = self.configure_round(round)
+        if getattr(self.ctx.params, "dp", False):
+            self.shares[round] = len(participants)
+            body = {**body, "shares": len(participants)}
+        return body
 
     @handles(UNLEARN)
     def on_unlearn_request(self, env) -> None:
@@ -409,38 +452,57 @@ class FPDGD(ProtocolRun):
         return FPDGDClient(agent_id, self.ctx, queries, rng)
 
     def report(self) -> dict:
-        p, fed = self.ctx.params, self.ctx.cfg["federation"]
         out = {"unlearning": self.cost} if self.cost else {}
-        if not p.dp:
-            return {**out, "privacy": {"dp": False}}
-        return {
-            **out,
-            "privacy": {
-                "dp": True,
-                "epsilon": p.epsilon,
-                "sensitivity": p.sensitivity,
-                "clip_norm": p.clip_norm,
-                "noise": "sum over clients of Gamma(1/|C|, Delta/epsilon) differences = "
-                "Laplace(Delta/epsilon) per coordinate",
-                "epsilon_basic_composition": p.epsilon * fed["rounds"],
-                **self.accounting(),
-            },
-        }
+        return {**out, "privacy": self.privacy() if self.ctx.params.dp else {"dp": False}}
 
-    def accounting(self) -> dict:
-        """Each client's epsilon over the rounds whose aggregate included it (the guarantee is
-        of the round's aggregate: Laplace(Delta/epsilon) with sensitivity Delta), by basic
-        composition, RDP and PLD, with subsampling amplification when clients miss rounds."""
-        fed, every = self.ctx.cfg["federation"], self.ctx.cfg["evaluation"]["every"]
+    def privacy(self) -> dict:
+        """What the run guaranteed: per round (how many shares the noise was split over, how
+        many reached the aggregate, the resulting epsilon and delta at the nominal epsilon),
+        per client and per run, under the sensitivity the clipping gives (``epsilon_mechanism``)
+        and, for comparison, the paper's nominal reading (``nominal``: Laplace every round,
+        sensitivity Delta). The guarantee is of the round's aggregate (central DP)."""
+        p, fed = self.ctx.params, self.ctx.cfg["federation"]
+        d = self.strategy.model.size
+        eps_mech = p.l1_sensitivity(d) * p.epsilon / p.sensitivity
+        played = sorted(self.taken_part)
         n = fed["clients"] + self.ctx.n_malicious
-        last = self.last_round
-        return account(
-            laplace(self.ctx.params.epsilon),
-            self.taken_part,
-            [client_id(i) for i in range(n)],
-            [r for r in range(1, last + 1) if r % every == 0 or r == last],
-            self.ctx.params.accounting_delta,
-        )
+        # a round the server announced nothing in: the clients split over everyone (the paper)
+        shares = {r: self.strategy.shares.get(r, n) for r in played}
+        shape = {r: len(self.taken_part[r]) / shares[r] for r in played}
+        mechs = {r: gamma_difference(eps_mech, shape[r]) for r in played}
+        pure = [mechs[r].pure_epsilon for r in played]
+        clients = [client_id(i) for i in range(n)]
+        every = self.ctx.cfg["evaluation"]["every"]
+        curve = [r for r in range(1, self.last_round + 1) if r % every == 0 or r == self.last_round]
+        nominal = account(laplace(p.epsilon), self.taken_part, clients, [], p.accounting_delta)
+        return {
+            "dp": True,
+            "epsilon": p.epsilon,
+            "sensitivity": p.sensitivity,
+            "clip": p.clip,
+            "clip_norm": p.clip_norm,
+            "clip_bound": p.clip_bound,
+            "dimension": d,
+            "l1_sensitivity": p.l1_sensitivity(d),
+            "epsilon_mechanism": eps_mech,
+            "noise": "each of a round's k clients adds gamma - gamma', both Gamma(1/k, "
+            "Delta/epsilon); the k' reports aggregated sum to gamma - gamma' with Gamma(k'/k), "
+            "Laplace(Delta/epsilon) when k' = k",
+            "rounds": {
+                "round": played,
+                "shares": [shares[r] for r in played],
+                "aggregated": [len(self.taken_part[r]) for r in played],
+                "epsilon": [e if np.isfinite(e) else None for e in pure],
+                "delta_at_nominal_epsilon": [delta_at(mechs[r], p.epsilon) for r in played],
+            },
+            "nominal": {
+                "epsilon_per_round": p.epsilon,
+                "sensitivity": p.sensitivity,
+                "epsilon_basic_composition_all_rounds": p.epsilon * fed["rounds"],
+                "run": nominal["run"],
+            },
+            **account(mechs, self.taken_part, clients, curve, p.accounting_delta),
+        }
 
 
 # FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).

@@ -88,7 +88,7 @@ from foltr_async.simulation import (
     evaluate_views,
     register_partitioner,
 )
-from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner, clip_norm
+from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
 from protocols.fpdgd import Params as FPDGDParams
 from protocols.users import K, Users
 
@@ -423,7 +423,7 @@ class RemedyLearner(LocalLearner):
             if self.mu:
                 step -= self.lr * self.mu * (theta - start)
             theta = theta + step
-            ranker.set_params(clip_norm(theta, self.bound) if self.dp else theta)
+            ranker.set_params(self.clip(theta) if self.dp else theta)
         return ranker.get_params()
 
 

@@ -88,11 +88,18 @@ def random_cases(train: QuerySet, n_grades: int, n: int, seed: int):
 
 @pytest.mark.parametrize("alone", [False, True])  # True: batches of one (staggered arrivals)
 @pytest.mark.parametrize(
-    ("n_grades", "dp", "lr"), [(3, False, 0.1), (5, False, 1.0), (3, True, 0.5), (5, True, 0.1)]
+    ("n_grades", "dp", "lr", "norm"),
+    [
+        (3, False, 0.1, "l2"),
+        (5, False, 1.0, "l2"),
+        (3, True, 0.5, "l2"),
+        (5, True, 0.1, "l2"),
+        (3, True, 0.5, "l1"),
+    ],
 )
-def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, alone):
+def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, norm, alone):
     train = make_queryset(n_grades)
-    ctx = make_ctx(train, n_grades, dp=dp, lr=lr, sensitivity=2.0)
+    ctx = make_ctx(train, n_grades, dp=dp, lr=lr, sensitivity=2.0, clip_norm=norm)
     cases = random_cases(train, n_grades, 120, seed=n_grades + 10 * dp)
     seq = [learner(ctx, q, 1000 + j, m) for j, (q, _, _, m) in enumerate(cases)]
     bat = [learner(ctx, q, 1000 + j, m) for j, (q, _, _, m) in enumerate(cases)]
@@ -130,8 +137,10 @@ def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, alo
         # what the users were shown scores the same
         np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
         assert np.isnan(res.ndcg[j, n:]).all()
-        if dp:
-            assert np.linalg.norm(res.weights[j]) <= max(1.0, np.linalg.norm(start)) + 1e-9
+        if dp:  # clipped to Delta / 2 in the scenario's norm after every step that moved
+            order = 1 if norm == "l1" else 2
+            bound = max(1.0, np.linalg.norm(start, ord=order))
+            assert np.linalg.norm(res.weights[j], ord=order) <= bound + 1e-9
         moved += not np.array_equal(res.weights[j], start)
     assert moved > len(cases) // 3  # many learned something (extreme spreads give ~0 weights)
 

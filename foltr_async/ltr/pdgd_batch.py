@@ -102,7 +102,8 @@ class PDGDJob:
     ranker's flat parameters).
 
     ``rng`` is the learner's own generator (also its users'), consumed exactly as the sequential
-    path would; ``clip`` is the DP norm bound applied after every update (None: no clipping).
+    path would; ``clip`` is the DP norm bound applied after every update (None: no clipping),
+    in the L``clip_order`` norm (2 or 1).
     """
 
     weights: np.ndarray
@@ -112,6 +113,7 @@ class PDGDJob:
     click_model: CascadeModel
     lr: float
     clip: float | None = None
+    clip_order: int = 2
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,8 @@ _TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDi
 
 
 def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per job (lr, clip norm or inf, click model number); per model its (P(click | grade),
-    P(stop | click, grade)) rows, padded, and its grade count."""
+    """Per job (lr, clip norm or inf, click model number, clip order); per model its
+    (P(click | grade), P(stop | click, grade)) rows, padded, and its grade count."""
     number: dict[int, int] = {}
     models: list[CascadeModel] = []
     rows = []
@@ -143,7 +145,7 @@ def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
             i = number[id(m)] = len(models)
             models.append(m)
-        rows.append((job.lr, np.inf if job.clip is None else job.clip, i))
+        rows.append((job.lr, np.inf if job.clip is None else job.clip, i, job.clip_order))
     if len(models) == 1 and models[0] in _TABLES:
         tables = _TABLES[models[0]]
     else:

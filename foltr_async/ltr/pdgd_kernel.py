@@ -412,15 +412,17 @@ def _interact(
 
 @_jit
 def _ascend(w, j, grad, params):
-    """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``)."""
+    """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``), in the
+    L2 norm, or the L1 norm when ``params[j, 3]`` is 1."""
     n_par = w.shape[1]
     lr = params[j, 0]
-    sq = 0.0
+    l1 = params[j, 3] == 1.0
+    total = 0.0
     for f in range(n_par):
         w[j, f] = w[j, f] + lr * grad[f]
-        sq += w[j, f] * w[j, f]
+        total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
     bound = params[j, 1]
-    norm = np.sqrt(sq)
+    norm = total if l1 else np.sqrt(total)
     if norm > bound:
         scale = bound / norm
         for f in range(n_par):
@@ -473,10 +475,11 @@ def step(
     """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
-    ``params[j]`` is (learning rate, clip norm or inf, click model): the model's row of
-    ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades.
-    ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]``
-    in place and writes the shown nDCG@k to ``ndcg[j, s]``; ``work`` is ``workspace``'s.
+    ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1): the
+    model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
+    ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
+    document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
+    ``work`` is ``workspace``'s.
     Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
     ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
     query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).

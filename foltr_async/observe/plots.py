@@ -14,13 +14,21 @@ import numpy as np
 from foltr_async.observe.timecurve import is_timed
 
 LINESTYLES = ("-", "--", ":", "-.")
-#: privacy panel: one line style per accountant (observe/privacy.py keys)
+#: privacy panel: one line style per accountant (observe/privacy.py keys) and its legend label:
+#: realised bounds (the rounds each client took part in) vs a priori ones (over the sampling)
 ACCOUNTANT_STYLES = {
     "basic": "-",
     "rdp": ":",
     "pld": "--",
-    "basic_sampled": "-.",
-    "pld_sampled": (0, (6, 2, 1, 2, 1, 2)),
+    "a_priori_basic": "-.",
+    "a_priori_pld": (0, (6, 2, 1, 2, 1, 2)),
+}
+ACCOUNTANT_LABELS = {
+    "basic": "basic, realised",
+    "rdp": "RDP, realised",
+    "pld": "PLD, realised",
+    "a_priori_basic": "basic, a priori (sampled)",
+    "a_priori_pld": "PLD, a priori (sampled)",
 }
 
 
@@ -166,14 +174,28 @@ def _axis_panel(results: dict, axis: str, label: str):
     return draw
 
 
+def _worst_curve(curves: list[dict]) -> dict:
+    """Per accountant and round the largest epsilon over the repeats (None where a repeat has
+    none): a bound for every client of every seed, not a mean of each seed's worst."""
+    rounds = curves[0]["rounds"]
+    out: dict = {"rounds": rounds}
+    for key in ACCOUNTANT_STYLES:
+        if all(c.get(key) and c["rounds"] == rounds for c in curves):
+            out[key] = [
+                None if any(v is None for v in column) else max(column)
+                for column in zip(*(c[key] for c in curves), strict=True)
+            ]
+    return out
+
+
 def _privacy_panel(results: dict):
-    """Each variant's privacy loss (epsilon) over rounds by accountant, when reported."""
+    """Each variant's privacy loss (epsilon of its worst client over the repeats) over rounds
+    by accountant, realised and a priori, when reported."""
     series = []
     for name, entry in results.get("variants", {}).items():
-        reps = entry.get("repeats") or []
-        curve = ((reps[0].get("privacy") or {}).get("curve") or {}) if reps else {}
-        if curve.get("rounds"):
-            series.append((name, curve))
+        curves = [((r.get("privacy") or {}).get("curve") or {}) for r in entry.get("repeats") or []]
+        if curves and all(c.get("rounds") for c in curves):
+            series.append((name, _worst_curve(curves)))
     if not series:
         return None
 
@@ -199,13 +221,14 @@ def _privacy_panel(results: dict):
                 )
                 label = None
         ax.set_xlabel("round")
-        ax.set_ylabel("epsilon of the worst client")
+        ax.set_ylabel("epsilon, worst client of all repeats")
         ax.set_yscale("log")
         ax.set_title("privacy loss over rounds")
         ax.grid(True, alpha=0.3)
         variants = ax.legend(loc="upper left", fontsize="x-small", frameon=False)
         ax.add_artist(variants)
         styles = [Line2D([], [], color="0.3", linestyle=ACCOUNTANT_STYLES[k]) for k in used]
-        ax.legend(styles, used, loc="lower right", fontsize="x-small", frameon=False)
+        labels = [ACCOUNTANT_LABELS[k] for k in used]
+        ax.legend(styles, labels, loc="lower right", fontsize="x-small", frameon=False)
 
     return draw

@@ -54,6 +54,11 @@ class Strategy(Checkpointed, ABC):
     def configure_round(self, round: int) -> dict:
         """Body of the round's broadcast (e.g. the global model)."""
 
+    def configure_for(self, round: int, participants: list[str]) -> dict:
+        """Body of the round's broadcast to ``participants``: ``configure_round``'s, unless the
+        message depends on who (or how many) take part."""
+        return self.configure_round(round)
+
     @abstractmethod
     def aggregate(self, round: int, replies: list[Envelope]) -> dict:
         """Fold the replies (sorted by client id) into the global model; return facts to log."""
@@ -228,7 +233,7 @@ class ServerAgent(Agent):
                     self.id,
                     takers,
                     self.strategy.broadcast_kind,
-                    self.strategy.configure_round(r),
+                    self.strategy.configure_for(r, takers),
                     r,
                 )
                 deadline = loop.time() + self.plan.deadline
