@@ -266,7 +266,7 @@ def _slice_start(base: np.ndarray, view: np.ndarray) -> int | None:
 
 
 def _bad(what: str) -> CheckpointError:
-    return CheckpointError(f"checkpoint data holds {what}, which a checkpoint may not")
+    return CheckpointError(f"checkpoint data holds {what}, which a checkpoint may not hold")
 
 
 class _Reader:
@@ -519,7 +519,7 @@ def loads(data: bytes, shared: Mapping[str, Any]) -> Any:
         return _Reader(shared).value(tree)
     except CheckpointError:
         raise
-    except (Exception, RecursionError) as e:
+    except Exception as e:  # RecursionError too: nested too deep
         text = " ".join(str(e).split())[:160]
         raise CheckpointError(f"unreadable checkpoint data ({type(e).__name__}: {text})") from None
 
