@@ -329,30 +329,30 @@ def _flip(data: bytes, at: int, edit) -> bytes:
     return data[:at] + edit(data[at:])
 
 
-def test_an_edited_damaged_or_truncated_checkpoint_is_refused(tmp_path, interrupted):
+@pytest.mark.parametrize("damage", ["edited", "bit flip", "truncated"])
+def test_an_edited_damaged_or_truncated_checkpoint_is_refused(tmp_path, interrupted, damage):
     """A stored nDCG of the finished repeat edited to 0.99 (the old format resumed and reported
-    it), one flipped bit in it, a truncated file: each is refused by the checksum in one line,
-    nothing in the folder changes."""
+    it), one flipped bit in it (silently taken as well), a truncated file: each is refused by
+    the checksum in one line, nothing in the folder changes."""
     scenario, done = interrupted
     final = json.loads((done / "results.json").read_text())["variants"]["default"]["repeats"]
     value = struct.pack(">d", final[0]["offline"]["ndcg@10"][-1])  # floats: big-endian
     data = (done / CHECKPOINT).read_bytes()
     at = data.index(value)
-    edits = {
-        "edited": data.replace(value, struct.pack(">d", 0.99)),
-        "bit flip": data[: at + 7] + bytes([data[at + 7] ^ 1]) + data[at + 8 :],
-        "truncated": data[:-100],
-    }
-    for what, changed in edits.items():
-        out = tmp_path / what
-        shutil.copytree(done, out)
-        (out / CHECKPOINT).write_bytes(changed)
-        before = files(out)
-        res = resume_cli(scenario, out)
-        assert res.returncode == 2, (what, res.returncode, res.stderr[-2000:])
-        assert "checksum mismatch" in res.stderr and "Traceback" not in res.stderr, what
-        assert len(res.stderr.strip().splitlines()) == 1, what
-        assert files(out) == before, what
+    changed = {
+        "edited": lambda: data.replace(value, struct.pack(">d", 0.99)),
+        "bit flip": lambda: data[: at + 7] + bytes([data[at + 7] ^ 1]) + data[at + 8 :],
+        "truncated": lambda: data[:-100],
+    }[damage]()
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    (out / CHECKPOINT).write_bytes(changed)
+    before = files(out)
+    res = resume_cli(scenario, out)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert files(out) == before
 
 
 def _retype(node, change) -> bool:
