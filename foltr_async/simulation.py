@@ -102,7 +102,7 @@ class Probe(Checkpointed):
     or transport.
     """
 
-    #: checkpointed beside the other attributes as plain tuples (pickled as they are: fast)
+    #: checkpointed beside the other attributes as plain tuples (encoded as they are: fast)
     checkpoint_skip = ("_shown",)
 
     extras: dict[str, Any] = field(default_factory=dict)
