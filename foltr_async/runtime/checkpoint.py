@@ -64,9 +64,11 @@ import numpy as np
 from foltr_async.errors import FoltrError
 
 __all__ = [
+    "MAGIC",
     "CheckpointError",
     "Checkpointed",
     "capture",
+    "conform",
     "dumps",
     "loads",
     "read_checkpoint",
