@@ -153,6 +153,7 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     h.event = asyncio.Event()
     h.event.set()
     h.queries = np.arange(100_000)[10:20]  # a view of an array that is not captured: copied
+    h.kinds = frozenset({("pbm", 1), ("cascade", 2)})
     blob = capture(h, {"bus": bus})
 
     fresh = Holder()
@@ -161,6 +162,7 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     assert fresh.same_rng is fresh.rng and fresh.rng.random() == h.rng.random()
     assert not fresh.event.is_set()  # asyncio primitives restore fresh
     assert fresh.queries.tolist() == list(range(10, 20)) and len(blob) < 100_000
+    assert fresh.kinds == h.kinds
     x = np.random.default_rng(1).random((3, 5))
     assert np.array_equal(fresh.ranker.score(x), h.ranker.score(x))
     fresh.ranker.set_params(np.zeros(fresh.ranker.n_params))  # views still alias the flat vector

@@ -15,8 +15,8 @@ snapshot to the server, a checkpoint back to a worker on ``--resume``), so readi
 able to run code or crash the process whatever the bytes. A value is a tree of numbers, strings,
 bytes and tagged lists; reading builds only
 
-- Python scalars, containers (``list``, ``tuple``, ``dict``, ``set``, ``Counter``) and
-  ``slice``s of integers;
+- Python scalars, containers (``list``, ``tuple``, ``dict``, ``set``, ``frozenset``,
+  ``Counter``) and ``slice``s of integers;
 - numpy arrays from (dtype, shape, bytes), numeric or fixed-width text dtypes only, the byte
   count matching the shape (never an object or structured dtype), and numpy scalars likewise;
 - a view of such an array as a contiguous slice of it (e.g. an MLP's layer views into its flat
@@ -103,7 +103,7 @@ _DIGEST = 32
 # node tags: a node is a msgpack list [tag, ...]; scalars, strings and bytes stand for themselves
 _TUPLE, _LIST, _DICT, _SET, _COUNTER = 1, 2, 3, 4, 5
 _BIGINT, _ARRAY, _VIEW, _SCALAR, _GENERATOR = 6, 7, 8, 9, 10
-_OBJECT, _REF, _SHARED, _FRESH_TAG, _SLICE, _METHOD = 11, 12, 13, 14, 15, 16
+_OBJECT, _REF, _SHARED, _FRESH_TAG, _SLICE, _METHOD, _FROZENSET = 11, 12, 13, 14, 15, 16, 17
 _PLAIN = (type(None), bool, float, str, bytes)
 
 
@@ -166,7 +166,7 @@ class _Writer:
         self.keep = keep
         self.memo: dict[int, int] = {}
         self.alive: list[Any] = []  # what the memo's ids refer to, kept alive while writing
-        self.open: set[int] = set()  # tuples being written (a tuple holding itself: refused)
+        self.open: set[int] = set()  # tuples, frozensets being written (holding itself: refused)
         self.arrays: set[int] = set()
         self.bases: set[int] = set()
 
@@ -192,12 +192,12 @@ class _Writer:
         index = self.memo.get(id(v))
         if index is not None:
             return [_REF, index]
-        if t is tuple:
+        if t is tuple or t is frozenset:
             if id(v) in self.open:
-                raise CheckpointError("cannot checkpoint a tuple that contains itself")
+                raise CheckpointError(f"cannot checkpoint a {t.__name__} that contains itself")
             self.open.add(id(v))
             try:
-                return [_TUPLE, *map(self.node, v)]
+                return [_TUPLE if t is tuple else _FROZENSET, *map(self.node, v)]
             finally:
                 self.open.discard(id(v))
         if t in _FRESH_NAME:
@@ -286,6 +286,8 @@ class _Reader:
         tag = node[0]
         if tag == _TUPLE:
             return tuple(map(self.value, node[1:]))
+        if tag == _FROZENSET:
+            return frozenset(map(self.value, node[1:]))
         if tag == _REF:
             index = node[1] if len(node) == 2 else None
             if type(index) is not int or not 0 <= index < len(self.memo):
