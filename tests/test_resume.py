@@ -160,6 +160,8 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     restore(fresh, blob, {"bus": other})
     assert fresh.bus is other  # machinery by name: the fresh run's own
     assert fresh.same_rng is fresh.rng and fresh.rng.random() == h.rng.random()
+    assert fresh.rng.bit_generator.state == h.rng.bit_generator.state
+    assert fresh.rng.spawn(1)[0].random() == h.rng.spawn(1)[0].random()  # its seed sequence too
     assert not fresh.event.is_set()  # asyncio primitives restore fresh
     assert fresh.queries.tolist() == list(range(10, 20)) and len(blob) < 100_000
     assert fresh.kinds == h.kinds
