@@ -245,7 +245,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     jobs, executor = (1, "local") if serve else (args.jobs, args.executor)
     if zmq and (jobs != 1 or executor != "local"):
         raise FoltrError("--jobs / --executor: only with the memory transport")
-    out = _out_dir(args, scenario.name)
+    out = _out_dir(args, scenario)
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
     reporter = make_reporter(quiet=not live)
@@ -334,8 +334,12 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
     )
 
 
-def _out_dir(args: argparse.Namespace, name: str) -> Path:
-    """The output folder: --out, the resumed run's folder, or results/<name>/<time>/."""
+def _out_dir(args: argparse.Namespace, scenario) -> Path:
+    """The output folder: --out, the resumed run's folder, or results/<name>/<time>/. A
+    resumed folder's checkpoint is read first: a refused one leaves the folder as it was."""
+    from foltr_async.experiment import Checkpoints
+
+    name = scenario.name
     if args.resume is not None:
         out = args.resume
         if args.out is not None and args.out.resolve() != out.resolve():
@@ -345,6 +349,7 @@ def _out_dir(args: argparse.Namespace, name: str) -> Path:
                 f"--resume: {out}: no checkpoint.pkl (was the run started with "
                 "--checkpoint-every K?)"
             )
+        Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
         events = out / "events.jsonl"
         if events.exists():  # keep the interrupted part's log beside the new one
             n = 1

@@ -38,7 +38,7 @@ from foltr_async.simulation import RunCheckpoint, Simulation
 
 METRIC = "ndcg@10"
 CHECKPOINT = "checkpoint.pkl"
-_FORMAT = 2  # 2: the probe's records travel inside its own state
+_FORMAT = 3  # 3: plain data with a checksum (runtime.checkpoint), no pickle
 
 
 def fingerprint(scenario: Scenario) -> str:
@@ -65,6 +65,7 @@ class Checkpoints:
             data = read_checkpoint(self.path)
             if not isinstance(data, dict) or data.get("format") != _FORMAT:
                 raise CheckpointError(f"{self.path}: not a checkpoint of this version")
+            _check_layout(self.path, data)
             if data["fingerprint"] != self.fingerprint:
                 raise CheckpointError(
                     f"{self.path}: written for another configuration (the scenario file, --set, "
@@ -92,13 +93,38 @@ class Checkpoints:
             self.data["current"] = {"run": (variant, repeat), "state": st}
             write_atomic(self.path, self.data)
 
-        return RunCheckpoint(self.every, save, state) if self.every or state else None
+        if not (self.every or state):
+            return None
+        return RunCheckpoint(self.every, save, state, str(self.path))
 
     def finished(self, variant: str, repeat: int, result: dict) -> None:
         self.data["done"][variant, repeat] = result
         self.data["current"] = None
         if self.active:
             write_atomic(self.path, self.data)
+
+
+def _check_layout(path: Path, data: dict) -> None:
+    """The layout ``Checkpoints`` writes; the run state inside is checked as it loads."""
+    cur = data.get("current")
+    fields = {
+        "fingerprint": type(data.get("fingerprint")) is str,
+        "every": type(data.get("every")) is int and data["every"] >= 0,
+        "done": type(data.get("done")) is dict
+        and all(
+            type(k) is tuple and len(k) == 2 and type(k[0]) is str and type(k[1]) is int
+            and type(v) is dict
+            for k, v in data["done"].items()
+        ),
+        "current": cur is None
+        or (
+            type(cur) is dict and type(cur.get("state")) is dict
+            and type(cur.get("run")) is tuple and len(cur["run"]) == 2
+        ),
+    }  # fmt: skip
+    for key, ok in fields.items():
+        if not ok:
+            raise CheckpointError(f"{path}: {key}: not what this version writes there")
 
 
 #: Evaluations a trained model's level is averaged over: one evaluation is a noisy snapshot.

@@ -30,7 +30,7 @@ from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
-from foltr_async.runtime.checkpoint import Checkpointed, capture, restore
+from foltr_async.runtime.checkpoint import Checkpointed, CheckpointError, capture, restore
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
 from foltr_async.runtime.network import NetworkModel
@@ -82,6 +82,17 @@ def load_datasets(cfg: dict) -> Datasets:
     return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], seed)
 
 
+def _record(r: Any) -> bool:
+    """A displayed-ranking record as ``Probe`` keeps it: (round, owner, nDCG)."""
+    return (
+        type(r) is tuple
+        and len(r) == 3
+        and type(r[0]) is int
+        and type(r[1]) is str
+        and type(r[2]) in (float, np.float64)
+    )
+
+
 @dataclass
 class Probe(Checkpointed):
     """Simulator-side measurements (never sent as messages): the online metric and extras.
@@ -91,7 +102,7 @@ class Probe(Checkpointed):
     or transport.
     """
 
-    #: checkpointed beside the other attributes as plain tuples (pickled as they are: fast)
+    #: checkpointed beside the other attributes as plain tuples (encoded as they are: fast)
     checkpoint_skip = ("_shown",)
 
     extras: dict[str, Any] = field(default_factory=dict)
@@ -120,6 +131,9 @@ class Probe(Checkpointed):
         return capture(self, shared), list(self._shown)
 
     def restore_state(self, state: tuple[bytes, list], shared: dict[str, Any]) -> None:
+        ok = type(state) is tuple and len(state) == 2 and type(state[1]) is list
+        if not ok or not all(_record(r) for r in state[1]):
+            raise CheckpointError("Probe: expected (attributes, [(round, owner, nDCG), ...])")
         attrs, shown = state
         restore(self, attrs, shared)
         self.add_records(shown)
@@ -403,11 +417,13 @@ class Remote(Protocol):
 @dataclass
 class RunCheckpoint:
     """Checkpointing of one run: write ``save(state)`` every ``every`` rounds of the training
-    phase; ``state`` (when resuming) is what the interrupted run saved last."""
+    phase; ``state`` (when resuming) is what the interrupted run saved last, read from
+    ``source`` (the file named in an error loading it)."""
 
     every: int
     save: Callable[[dict], None]
     state: dict | None = None
+    source: str = "checkpoint"
 
 
 class Simulation:
@@ -698,7 +714,10 @@ class Simulation:
         # agents by id, wherever the interrupted run hosted them (a run may resume on another
         # transport)
         self._saved_agents = {**saved["agents"], **saved["remote"]}
-        self._restore(saved, self._saved_agents)
+        try:
+            self._restore(saved, self._saved_agents)
+        except CheckpointError as e:
+            raise CheckpointError(f"{self.checkpoint.source}: {e}") from None
         self._wall0 -= saved["wall"]
 
     def _start_agents(self) -> None:
@@ -899,7 +918,10 @@ class Simulation:
         shared = self.shared_objects()
         for aid, entry in saved.items():
             if aid in self.agents and not getattr(self.agents[aid], "remote", False):
-                self.agents[aid].restore_state(entry["blob"], shared)
+                try:
+                    self.agents[aid].restore_state(entry["blob"], shared)
+                except CheckpointError as e:
+                    raise CheckpointError(f"agent {aid}: {e}") from None
 
     def _checkpointed(self) -> dict[str, Checkpointed | None]:
         """The run's objects besides its agents whose state a checkpoint holds (each class
@@ -940,6 +962,7 @@ class Simulation:
         self._emit("checkpoint", round=round)
 
     def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
+        _check_run_state(saved, self._checkpointed())
         shared = self.shared_objects()
         self.restore_agents(agents)
         for key, obj in self._checkpointed().items():
@@ -954,6 +977,37 @@ class Simulation:
             if getattr(agent, "remote", False):
                 agent.rounds_joined = sum(aid in r.clients for r in saved["reports"])
         self._emit("resumed", round=saved["round"])
+
+
+def _check_run_state(saved: Any, objects: dict[str, Any]) -> None:
+    """The layout ``Simulation._save`` writes (each object's own state is checked as it loads,
+    against the object)."""
+    kinds = {
+        "round": int, "now": float, "sim0": float, "wall": float, "rounds": list,
+        "curve": list, "times": list, "reports": list, "agents": dict, "remote": dict,
+    }  # fmt: skip
+    if type(saved) is not dict:
+        raise CheckpointError(f"run state: expected a table, got a {type(saved).__name__}")
+    for key, kind in {**kinds, **dict.fromkeys(objects, object)}.items():
+        value = saved.get(key)
+        ok = type(value) is kind or (kind is float and type(value) is int)
+        if key in objects:  # an object's state, or None where the run had no such object
+            ok = key in saved and (value is None) == (objects[key] is None)
+        if not ok:
+            want = "this run's object state" if key in objects else f"a {kind.__name__}"
+            raise CheckpointError(f"run state: {key}: expected {want}, got {value!r:.40}")
+    checks = {
+        "rounds": lambda x: type(x) is int,
+        "curve": lambda x: x is None or type(x) is dict,
+        "times": lambda x: type(x) is float,
+        "reports": lambda x: type(x) is RoundReport,
+        "agents": lambda x: type(x) is dict and type(x.get("state")) is str,
+        "remote": lambda x: type(x) is dict and type(x.get("state")) is str,
+    }
+    for key, ok in checks.items():
+        items = saved[key].values() if key in ("agents", "remote") else saved[key]
+        if not all(ok(x) for x in items):
+            raise CheckpointError(f"run state: {key}: an item of the wrong kind")
 
 
 class ProtocolRun(Checkpointed, ABC):

@@ -2,15 +2,22 @@
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
+import re
+import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import CHECKPOINT, run_scenario
@@ -146,14 +153,18 @@ def test_capture_keeps_views_names_machinery_and_renews_asyncio_primitives():
     h.event = asyncio.Event()
     h.event.set()
     h.queries = np.arange(100_000)[10:20]  # a view of an array that is not captured: copied
+    h.kinds = frozenset({("pbm", 1), ("cascade", 2)})
     blob = capture(h, {"bus": bus})
 
     fresh = Holder()
     restore(fresh, blob, {"bus": other})
     assert fresh.bus is other  # machinery by name: the fresh run's own
     assert fresh.same_rng is fresh.rng and fresh.rng.random() == h.rng.random()
+    assert fresh.rng.bit_generator.state == h.rng.bit_generator.state
+    assert fresh.rng.spawn(1)[0].random() == h.rng.spawn(1)[0].random()  # its seed sequence too
     assert not fresh.event.is_set()  # asyncio primitives restore fresh
     assert fresh.queries.tolist() == list(range(10, 20)) and len(blob) < 100_000
+    assert fresh.kinds == h.kinds
     x = np.random.default_rng(1).random((3, 5))
     assert np.array_equal(fresh.ranker.score(x), h.ranker.score(x))
     fresh.ranker.set_params(np.zeros(fresh.ranker.n_params))  # views still alias the flat vector
@@ -193,52 +204,23 @@ class _Calls:
         return self.call, self.args
 
 
-def _global(module: str, name: str, *args: str | int, op: bytes = pickle.REDUCE) -> bytes:
-    """A protocol-4 pickle that calls (``REDUCE``) or allocates (``NEWOBJ``) ``module.name``
-    with these arguments."""
-
-    def text(s: str) -> bytes:
-        raw = s.encode()
-        return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
-
-    packed = b"".join(text(a) if isinstance(a, str) else pickle.BININT1 + bytes([a]) for a in args)
-    return (
-        pickle.PROTO + b"\x04" + text(module) + text(name) + pickle.STACK_GLOBAL
-        + pickle.MARK + packed + pickle.TUPLE + op + pickle.STOP
-    )  # fmt: skip
-
-
-def test_checkpoint_data_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
-    """Agent state reaches workers over the network on --resume: loading it must not call what
-    the data names (pickle.loads ran os.system here and wrote the marker file)."""
-    from numpy.random import _pickle as np_pickle
-
-    from foltr_async.distributed import LocalWorkers
-    from foltr_async.runtime.checkpoint import loads, write_atomic
+def test_pickled_data_is_not_read_and_nothing_runs(tmp_path):
+    """Agent state reaches workers over the network on --resume: no pickle is ever loaded
+    (pickle.loads ran os.system here and wrote the marker file)."""
+    from foltr_async.runtime.checkpoint import loads
 
     marker = tmp_path / "ran"
-    payloads = {
-        "os.system": pickle.dumps({"w": _Calls(os.system, f"touch {marker}")}),
-        "exec": pickle.dumps([_Calls(exec, f"open({str(marker)!r}, 'w').close()")]),
-        "a project function": pickle.dumps(_Calls(write_atomic, marker, 1)),
-        "a project constructor": pickle.dumps(_Calls(LocalWorkers, None, [], 1, marker, True)),
-        "a library call with a class": pickle.dumps(
-            _Calls(np_pickle.__bit_generator_ctor, LocalWorkers)
-        ),
-        "a dotted name": _global("foltr_async.distributed", "subprocess.Popen"),
-        "a module not imported": _global("foltr_async.__main__", "main"),
-        "a numpy class's __new__": _global(
-            "numpy", "memmap", str(marker), "uint8", "w+", 0, 4, op=pickle.NEWOBJ
-        ),
-        "protocol 0": pickle.dumps(_Calls(os.system, f"touch {marker}"), protocol=0),
-    }
-    for what, data in payloads.items():
-        with pytest.raises(CheckpointError, match="may not load|unreadable"):
+    payloads = [
+        pickle.dumps({"w": _Calls(os.system, f"touch {marker}")}),
+        pickle.dumps([_Calls(exec, f"open({str(marker)!r}, 'w').close()")]),
+        pickle.dumps(_Calls(os.system, f"touch {marker}"), protocol=0),
+    ]
+    for data in payloads:
+        with pytest.raises(CheckpointError, match="unreadable|may not"):
             loads(data, {})
-        assert not marker.exists(), what
     path = tmp_path / "checkpoint.pkl"
-    path.write_bytes(payloads["os.system"])
-    with pytest.raises(CheckpointError, match=r"checkpoint\.pkl: .*posix\.system"):
+    path.write_bytes(payloads[0])
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pkl: .*old pickle format"):
         read_checkpoint(path)
     assert not marker.exists()
 
@@ -264,3 +246,213 @@ def test_secure_aggregation_run_resumes_to_the_uninterrupted_result(tmp_path):
         run_scenario(sc, out, StopAt("secagg-drop30", 0, 5), checkpoint_every=2)
     assert read_checkpoint(out / CHECKPOINT)["current"]["state"]["round"] == 4
     assert comparable(run_scenario(sc, out, Observer(), resume=True)) == comparable(full)
+
+
+def small_scenario(tmp_path: Path, data: Path) -> Path:
+    """Two repeats of a short FPDGD run: a checkpoint holding a finished repeat's results and
+    the state of the next one."""
+    p = tmp_path / "small.toml"
+    p.write_text(f"""
+[scenario]
+name = "small"
+seed = 5
+repeats = 2
+[dataset]
+path = "{data.as_posix()}"
+[federation]
+protocol = "fpdgd"
+clients = 3
+queries_per_client = 2
+rounds = 8
+[evaluation]
+every = 2
+""")
+    return p
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory, mq2008_dir) -> tuple[Path, Path]:
+    """The scenario file and the folder of its run stopped at round 7 of repeat 1 (repeat 0
+    finished, repeat 1 checkpointed at round 4)."""
+    tmp = tmp_path_factory.mktemp("interrupted")
+    path = small_scenario(tmp, mq2008_dir)
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(load_scenario(path), tmp / "out", StopAt("default", 1, 7), checkpoint_every=4)
+    return path, tmp / "out"
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")}
+
+
+def resume_cli(scenario: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "foltr_async", str(scenario), "--resume", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+class _ObjectDtype:
+    """np.dtype("O") with its flags reset by a state-setting step: numpy then believes the
+    dtype holds no object references and builds one from raw bytes."""
+
+    def __reduce__(self):
+        return np.dtype, ("O8", False, True), (3, "|", None, None, None, 8, 8, 0)
+
+
+class _WildPointers:
+    """An object array whose elements are the bytes 0x4141...: touching it crashes."""
+
+    def __reduce__(self):
+        from numpy._core.numeric import _frombuffer
+
+        return _frombuffer, (b"A" * 32, _ObjectDtype(), (4,), "C")
+
+
+def test_a_crafted_pickle_checkpoint_is_refused_unread(tmp_path, interrupted):
+    """Built only from what the old checking unpickler admitted (numpy dtype and buffer calls,
+    a state-setting step), this file made --resume segfault comparing its fingerprint. Now it
+    is not read at all: the format changed, in one line, and the folder stays as it was."""
+    scenario, done = interrupted
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    crafted = {"format": 2, "fingerprint": _WildPointers(), "done": {}, "current": None}
+    (out / CHECKPOINT).write_bytes(pickle.dumps(crafted, protocol=5))
+    before = files(out)
+    res = resume_cli(scenario, out)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "old pickle format" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert files(out) == before
+
+
+def _flip(data: bytes, at: int, edit) -> bytes:
+    return data[:at] + edit(data[at:])
+
+
+@pytest.mark.parametrize("damage", ["edited", "bit flip", "truncated"])
+def test_an_edited_damaged_or_truncated_checkpoint_is_refused(tmp_path, interrupted, damage):
+    """A stored nDCG of the finished repeat edited to 0.99 (the old format resumed and reported
+    it), one flipped bit in it (silently taken as well), a truncated file: each is refused by
+    the checksum in one line, nothing in the folder changes."""
+    scenario, done = interrupted
+    final = json.loads((done / "results.json").read_text())["variants"]["default"]["repeats"]
+    value = struct.pack(">d", final[0]["offline"]["ndcg@10"][-1])  # floats: big-endian
+    data = (done / CHECKPOINT).read_bytes()
+    at = data.index(value)
+    changed = {
+        "edited": lambda: data.replace(value, struct.pack(">d", 0.99)),
+        "bit flip": lambda: data[: at + 7] + bytes([data[at + 7] ^ 1]) + data[at + 8 :],
+        "truncated": lambda: data[:-100],
+    }[damage]()
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    (out / CHECKPOINT).write_bytes(changed)
+    before = files(out)
+    res = resume_cli(scenario, out)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert files(out) == before
+
+
+def _retype(node, change) -> bool:
+    """Change the first float64 array node of an encoded state in place."""
+    if isinstance(node, list) and node[:2] == [7, "<f8"]:
+        node[1:] = change(node)
+        return True
+    return isinstance(node, list) and any(_retype(x, change) for x in node)
+
+
+def test_a_field_of_the_wrong_dtype_or_shape_is_refused_naming_it(tmp_path, interrupted):
+    """A checkpoint whose checksum matches (rewritten, not damaged) but whose client model has
+    the wrong dtype or shape: refused naming file, agent, field and what was expected."""
+    from foltr_async.runtime.checkpoint import write_atomic
+
+    scenario, done = interrupted
+    sc = load_scenario(scenario)
+    for what, change in {
+        "dtype": lambda node: ["<f4", node[2], node[3][: len(node[3]) // 2]],
+        "shape": lambda node: [node[1], [len(node[3]) // 16], node[3][: len(node[3]) // 2]],
+    }.items():
+        out = tmp_path / what
+        shutil.copytree(done, out)
+        saved = read_checkpoint(out / CHECKPOINT)
+        entry = saved["current"]["state"]["agents"]["client-0001"]
+        tree = msgpack.unpackb(entry["blob"])
+        assert _retype(tree, change)
+        entry["blob"] = msgpack.packb(tree)
+        write_atomic(out / CHECKPOINT, saved)
+        with pytest.raises(CheckpointError) as err:
+            run_scenario(sc, out, Observer(), resume=True)
+        msg = str(err.value)
+        assert f"{out / CHECKPOINT}: agent client-0001: " in msg and "\n" not in msg
+        assert "expected a float64 array of shape" in msg, msg
+        assert ("got a float32" if what == "dtype" else "got a float64") in msg
+
+
+def test_restore_checks_each_field_against_the_fresh_object():
+    """Each field against the freshly built object: dtype, shape, type, into project objects
+    (a model of another size); a fitting state loads."""
+    holder = Checkpointed()
+    holder.w = np.zeros(3)
+    holder.ranker = MLPRanker(4, (2,), rng=np.random.default_rng(0))
+    blob = capture(holder, {})
+    for field, value, expected in [
+        ("w", np.zeros(3, np.float32), "Checkpointed.w: expected a float64 array of shape (3,)"),
+        ("w", "3 zeros", "Checkpointed.w: expected a float64 array of shape (3,), got a str"),
+        (
+            "ranker",
+            MLPRanker(4, (3,)),
+            "Checkpointed.ranker._flat: expected a float64 array of shape (12,), "
+            "got a float64 array of shape (18,)",
+        ),
+    ]:
+        fresh = Checkpointed()
+        fresh.w, fresh.ranker = np.ones(3), MLPRanker(4, (2,))
+        other = Checkpointed()
+        vars(other).update(vars(holder))
+        setattr(other, field, value)
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            restore(fresh, capture(other, {}), {})
+    restore(fresh, blob, {})
+    assert np.array_equal(fresh.ranker.get_params(), holder.ranker.get_params())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=300))
+def test_random_bytes_never_raise_anything_but_a_checkpoint_error(tmp_path_factory, data):
+    from foltr_async.runtime.checkpoint import MAGIC, loads
+
+    path = tmp_path_factory.mktemp("random") / CHECKPOINT
+    for raw in (data, MAGIC + hashlib.sha256(data).digest() + data):
+        path.write_bytes(raw)
+        for read in (lambda: loads(data, {}), lambda: read_checkpoint(path)):
+            try:
+                read()
+            except CheckpointError as e:
+                assert "\n" not in str(e)
+
+
+_nodes = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 20) | st.floats() | st.text(max_size=8)
+    | st.binary(max_size=16) | st.sampled_from(["<f8", "|b1", "|O", "foltr_async.simulation",
+                                                "Probe", "<U3", "shared"]),
+    lambda kids: st.lists(kids, max_size=6) | st.lists(st.integers(0, 16), max_size=4),
+    max_leaves=30,
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(tree=_nodes)
+def test_random_node_trees_never_raise_anything_but_a_checkpoint_error(tree):
+    """Well-formed msgpack with tags in the wrong places, bad shapes, unknown classes..."""
+    from foltr_async.runtime.checkpoint import loads
+
+    try:
+        loads(msgpack.packb(tree), {"shared": object()})
+    except CheckpointError as e:
+        assert "\n" not in str(e)

@@ -2,8 +2,6 @@
 (fast: no learning to rank), including dropouts, below-threshold failures and what one masked
 upload tells an eavesdropper or the server."""
 
-import pickle
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -243,9 +241,11 @@ def test_a_client_refuses_to_unmask_when_told_too_few_neighbours_survived():
 
 
 def test_a_client_half_is_plain_state_that_survives_a_checkpoint():
+    from foltr_async.runtime.checkpoint import dumps, loads
+
     vr = play(clients=4)
     agent = vr.agents["client-0001"]
-    copy = pickle.loads(pickle.dumps(agent.secure))  # no key objects, no agent reference
+    copy = loads(dumps(agent.secure, {}), {})  # plain data: no key objects, no agent reference
     assert copy.state.s_raw == agent.secure.state.s_raw and copy.state.sent
     agent.secure = copy  # a restored half takes over the agent's handlers and replies
     sent = []

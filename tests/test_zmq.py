@@ -526,10 +526,13 @@ class _RunsShell:
 def test_tampered_agent_state_sent_on_resume_is_refused_by_the_worker_and_counted(
     tmp_path, mq2008_dir
 ):
-    """A client's checkpointed state replaced by a pickle that runs a shell command: the
-    worker it is sent to on --resume refuses it with one line (nothing runs), the server
-    counts it in ``worker_errors`` and the run goes on without that worker's clients."""
+    """A client's checkpointed state replaced by a pickle that runs a shell command (in a
+    checkpoint rewritten with a matching checksum): the worker it is sent to on --resume
+    refuses it with one line (no pickle is read, nothing runs), the server counts it in
+    ``worker_errors`` and the run goes on without that worker's clients."""
     import pickle
+
+    from foltr_async.runtime.checkpoint import read_checkpoint, write_atomic
 
     path = write_scenario(tmp_path / "z.toml", mq2008_dir, rounds=12, round_gap=0.1)
     port, out = free_port(), tmp_path / "out"
@@ -546,10 +549,10 @@ def test_tampered_agent_state_sent_on_resume_is_refused_by_the_worker_and_counte
         for p in (server, *workers):
             p.kill()
             p.wait()
-        saved = pickle.loads((out / "checkpoint.pkl").read_bytes())
+        saved = read_checkpoint(out / "checkpoint.pkl")
         remote = saved["current"]["state"]["remote"]
         remote["client-0004"]["blob"] = pickle.dumps({"x": _RunsShell(f"touch {marker}")})
-        (out / "checkpoint.pkl").write_bytes(pickle.dumps(saved))
+        write_atomic(out / "checkpoint.pkl", saved)
         workers = [spawn(*join, "--agents", a, log=tmp_path / f"w{i}b.log")
                    for i, a in enumerate(halves)]  # fmt: skip
         resumed = subprocess.run(
@@ -563,7 +566,7 @@ def test_tampered_agent_state_sent_on_resume_is_refused_by_the_worker_and_counte
             p.kill()
     assert not marker.exists()
     log = (tmp_path / "w1b.log").read_text()
-    assert "posix.system, which a checkpoint may not load" in log and "Traceback" not in log
+    assert "agent client-0004: unreadable checkpoint data" in log and "Traceback" not in log
     rep = results(out)["variants"]["default"]["repeats"][0]
     assert rep["transport"]["worker_errors"] == 1 and rep["rounds"][-1] == 12
     assert [e for e in events(out) if e["event"] == "worker_error"]
