@@ -123,6 +123,7 @@ class LocalLearner:
     ) -> None:
         p = ctx.params
         self.ranker = ctx.new_ranker()
+        own = ctx.client_data(owner)
         self.users = Users(
             ctx.train_set(owner),
             queries,
@@ -130,6 +131,7 @@ class LocalLearner:
             rng,
             ctx.probe,
             owner,
+            own.arrivals if own is not None else None,
         )
         self.rng = rng
         self.lr = p.lr
@@ -209,9 +211,17 @@ class FPDGDClient(Agent):
     async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
         """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
         duration = n * self.compute_time
-        # The batched path simulates cascade users only; others train one query at a time.
-        if self.pool is not None and isinstance(self.learner.users.click_model, CascadeModel):
+        users = self.learner.users
+        # The batched path simulates cascade users drawing queries; others (and a replayed
+        # log, whose queries come in order) train one query at a time.
+        if (
+            self.pool is not None
+            and isinstance(users.click_model, CascadeModel)
+            and users.arrivals is None
+        ):
             return await self.pool.submit((self.learner, self.learner.job(start, n)), duration)
+        if users.arrivals is not None:
+            replayed(self.ctx, "played", n)
         theta = self.learner.train(start, n)
         if duration > 0.0:
             await asyncio.sleep(duration)
@@ -230,8 +240,16 @@ class FPDGDClient(Agent):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         start = env.body["params"]
-        self.learner.users.round = env.round
-        self.interactions = self.ctx.local_work(self.id, self.batch)
+        users = self.learner.users
+        users.round = env.round
+        if users.arrivals is not None:  # a replayed log: the queries issued since last time
+            self.interactions = users.pending(self.ctx.now())
+            if self.interactions == 0:  # none: an empty update (weight 0), counted
+                replayed(self.ctx, "empty_updates")
+                reply(self, env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
+                return
+        else:
+            self.interactions = self.ctx.local_work(self.id, self.batch)
         theta = await self.make_update(env.round, start)
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
@@ -252,6 +270,12 @@ class FPDGDClient(Agent):
             n = self.calibration_steps
             update = calibrate(stored, await self.local_train(start, n) - start)
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
+
+
+def replayed(ctx: RunContext, what: str, n: int = 1) -> None:
+    """Count what a replaying client did (``replay`` in results; see
+    ``simulation.replay_partition``)."""
+    ctx.probe.extras["replay"][what] += n
 
 
 def batch_kind(ranker) -> tuple | None:
@@ -355,6 +379,7 @@ class FPDGD(ProtocolRun):
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
     unlearns = True
+    replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx

@@ -29,17 +29,40 @@ SECTIONS: dict[str, dict[str, Field]] = {
     },
     "dataset": {
         "profile": Field(str, "mq2007-like", "embedded synthetic profile (when no path)"),
+        "format": Field(
+            str,
+            "letor",
+            "what dataset.path holds: LETOR files, or an AOL4FOLTR folder (one client per user)",
+            choices=("letor", "aol4foltr"),
+        ),
         "path": Field(str, None, "LETOR fold directory or train file", nullable=True),
         "n_queries": Field(int, None, "synthetic dataset size (all splits)", min=10, nullable=True),
         "normalise": Field(bool, False, "query-level min-max normalisation of LETOR features"),
         "seed": Field(
-            int, None, "synthetic data seed (default: scenario.seed)", nullable=True, min=0
+            int,
+            None,
+            "synthetic data / aol4foltr user draw seed (default: scenario.seed)",
+            nullable=True,
+            min=0,
         ),
         "folds": Field(
             list,
             [],
             "fold numbers under path (FoldN): every fold runs scenario.repeats seeds",
             items=Field(int, min=1),
+        ),
+        "min_queries": Field(int, 1, "aol4foltr: logged queries a user needs to be picked", min=1),
+        "select": Field(
+            str,
+            "sample",
+            "aol4foltr: users by a seeded draw (dataset.seed) or the most active",
+            choices=("sample", "most_active"),
+        ),
+        "test_fraction": Field(
+            float, 0.2, "aol4foltr: last share of queries in time held out", min=0.01, max=0.99
+        ),
+        "time_scale": Field(
+            float, 3600.0, "aol4foltr: logged seconds per simulated second", min=1e-9
         ),
     },
     "ranker": {
@@ -180,9 +203,10 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         _deep_merge(merged, over)
         for keys, value in sets:
             if keys == ["dataset", "profile"] and isinstance(merged.get("dataset"), dict):
-                # a profile replaces the file's data: its path and folds go with it
+                # a profile replaces the file's data: its path, folds and format go with it
                 merged["dataset"].pop("path", None)
                 merged["dataset"].pop("folds", None)
+                merged["dataset"].pop("format", None)
             _set_path(merged, keys)[keys[-1]] = value
         _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
@@ -250,6 +274,15 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
     name = cfg["scenario"]["name"] = cfg["scenario"]["name"] or default_name
     if name in (".", "..") or not name.isprintable() or any(c in name for c in "/\\"):
         raise fail(where, "scenario.name", "a name for one folder (no '/' or '\\')", name)
+    if cfg["dataset"]["format"] == "aol4foltr" and (
+        cfg["dataset"]["path"] is None or cfg["dataset"]["folds"]
+    ):
+        raise fail(
+            where,
+            "dataset.path",
+            "an AOL4FOLTR folder (metadata.csv, letor.txt) and no dataset.folds",
+            cfg["dataset"]["path"],
+        )
     if cfg["dataset"]["path"] is None:
         from foltr_async.ltr.synthetic import profile_names
 
