@@ -24,6 +24,11 @@ deeper MLPs, other click models and as the reference) does, so its weights and w
 were shown are the same up to float rounding; the probe orders the online metric by (round,
 client), so batching does not change it either. A client that crashes or leaves before its
 batch runs never shows its users those rankings.
+
+Replay (``dataset.format = "aol4foltr"``): a client is one logged user; on a model it trains on
+the queries its user issued since its last training (``Users.pending``), in logged order, one
+query at a time, instead of B random ones; with none it replies with the model it got and
+``n_interactions = 0`` (no weight in FedAvg), counted as an empty update.
 """
 
 from __future__ import annotations
