@@ -361,3 +361,16 @@ def test_replay_refuses_what_it_cannot_honour(tmp_path, capsys, release, extra, 
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err, err
+
+
+def test_a_pick_of_some_users_reads_only_their_lines(release):
+    every = load_aol(release, 4, normalise=False, cache=False)
+    two = load_aol(release, 2, select="most_active", normalise=False, cache=False)
+    assert [u.user for u in two.users] == [10, 20]  # 6 and 5 logged queries
+    theirs = [q for q, user, _ in LOG if user in (10, 20)]  # already in logged order
+    n_train = int(len(theirs) * 0.8)
+    assert two.train.qids.tolist() == [str(q) for q in theirs[:n_train]]
+    assert two.test.qids.tolist() == [str(q) for q in theirs[n_train:]]
+    rows = {q: every.train.features[20 * i : 20 * i + 20] for i, q in enumerate(range(13))}
+    for i, q in enumerate(theirs[:n_train]):
+        np.testing.assert_array_equal(two.train.features[20 * i : 20 * i + 20], rows[q])
