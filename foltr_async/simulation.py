@@ -403,11 +403,11 @@ def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]
 
 
 def replay_partition(logs: tuple[UserLog, ...], time_scale: float, probe: Probe) -> Partition:
-    """Client i replays user i's training queries, each at its logged time / ``time_scale``
-    simulated seconds after the run starts (the first logged query at 0). The probe counts
-    what the replay did (``replay`` in results): queries played, empty updates (a
-    synchronous client with no new query), holds (an asynchronous one waiting for its next
-    query) and clients whose log ran out while they held a model."""
+    """Client i replays user i's training queries, each ``offset / time_scale`` simulated
+    seconds after the run starts (offsets count from the picked users' first training query).
+    The probe counts what the replay did (``replay`` in results): queries played, empty
+    updates (a synchronous client with no new query), holds (an asynchronous one waiting for
+    its next query) and dispatches that found a client's log ended (it sends nothing)."""
     clients = [ClientData(u.queries, arrivals=u.offsets / time_scale) for u in logs]
     counts = [len(u.queries) for u in logs]
     probe.extras["replay"] = {"played": 0, "empty_updates": 0, "holds": 0, "exhausted": 0}
