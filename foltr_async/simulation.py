@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import structlog
@@ -31,11 +31,15 @@ from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import Bus, MemoryBus
 from foltr_async.runtime.checkpoint import Checkpointed, CheckpointError, capture, restore
+from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
+
+if TYPE_CHECKING:
+    from foltr_async.ltr.aol import UserLog
 
 log = structlog.get_logger()
 
@@ -49,12 +53,33 @@ class Datasets:
     train: QuerySet
     test: QuerySet
     n_grades: int
+    #: an AOL4FOLTR run's users, one per client: training queries with their logged times
+    logs: tuple[UserLog, ...] | None = None
 
 
 @heap.process_cache(maxsize=4)
 def _load(
-    profile: str, path: str | None, n_queries: int | None, normalise: bool, seed: int
+    profile: str,
+    path: str | None,
+    n_queries: int | None,
+    normalise: bool,
+    seed: int,
+    aol: tuple | None = None,
 ) -> Datasets:
+    if aol is not None:
+        from foltr_async.ltr.aol import load_aol
+
+        n_users, min_queries, select, test_fraction = aol
+        data = load_aol(
+            path,
+            n_users,
+            min_queries=min_queries,
+            select=select,
+            seed=seed,
+            test_fraction=test_fraction,
+            normalise=normalise,
+        )
+        return Datasets(data.train, data.test, 3, data.users)
     if path is None:
         from foltr_async.ltr.synthetic import make_dataset
 
@@ -79,7 +104,13 @@ def _load(
 def load_datasets(cfg: dict) -> Datasets:
     d = cfg["dataset"]
     seed = d["seed"] if d["seed"] is not None else cfg["scenario"]["seed"]
-    return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], seed)
+    aol = None
+    if d["format"] == "aol4foltr":  # one user per client, attackers included
+        users = cfg["federation"]["clients"] + sum(
+            g["count"] for g in cfg["agents"] if g["role"] == "attacker"
+        )
+        aol = (users, d["min_queries"], d["select"], d["test_fraction"])
+    return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], seed, aol)
 
 
 def _record(r: Any) -> bool:
@@ -166,6 +197,8 @@ class RunContext:
     #: held-out queries with a relevant document in what ``evaluate`` scores (the fewest of
     #: any label view); None until it runs. 0: the offline metrics measured nothing.
     judged_queries: int | None = field(default=None, init=False, repr=False)
+    #: the loop time of simulated time zero (``now``: a replayed log's clock)
+    clock0: float = field(default=0.0, init=False, repr=False)
 
     @property
     def assumed_malicious(self) -> int:
@@ -178,6 +211,17 @@ class RunContext:
         """The protocol's ``@parameters`` instance of ``[federation.params]`` (checked)."""
         fed = self.cfg["federation"]
         return REGISTRY.protocols[fed["protocol"]].params(**fed["params"])
+
+    def now(self) -> float:
+        """Simulated seconds since the run started: the clock a replayed log's queries arrive
+        by (in-memory runs only: another process's clock does not share this zero)."""
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):
+            raise ScenarioError(
+                "dataset.format: 'aol4foltr' replays its log in simulated time: expected an "
+                "in-memory run, not a multi-process one"
+            )
+        return loop.time() - self.clock0
 
     def rng(self, *path: str | int) -> np.random.Generator:
         return stream(self.seed, *path)
@@ -293,7 +337,9 @@ class ClientData:
 
     ``None`` falls back to the run's default: the training set, the scenario's click model,
     ``federation.queries_per_client``. ``tests`` are the held-out label views the client's own
-    users would judge by (for personalised evaluation, e.g. FedPer).
+    users would judge by (for personalised evaluation, e.g. FedPer). ``arrivals`` (a replayed
+    log): the simulated time each of ``queries`` is issued, ascending; the users then issue
+    them in that order, once each, instead of drawing.
     """
 
     queries: np.ndarray
@@ -301,6 +347,7 @@ class ClientData:
     click_model: Any = None
     batch: int | None = None
     tests: tuple[QuerySet, ...] | None = None
+    arrivals: np.ndarray | None = None
 
 
 @dataclass
@@ -370,6 +417,27 @@ def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]
             seen[key] = (int(rows.size), frozenset(np.unique(train.labels[rows]).tolist()))
         out.append(FlgoClient(aid, *seen[key], ctx.batch_of(aid)))
     return out
+
+
+def replay_partition(logs: tuple[UserLog, ...], time_scale: float, probe: Probe) -> Partition:
+    """Client i replays user i's training queries, each ``offset / time_scale`` simulated
+    seconds after the run starts (offsets count from the picked users' first training query).
+    The probe counts what the replay did (``replay`` in results): queries played, empty
+    updates (a synchronous client with no new query), holds (an asynchronous one waiting for
+    its next query) and dispatches that found a client's log ended (it sends nothing)."""
+    clients = [ClientData(u.queries, arrivals=u.offsets / time_scale) for u in logs]
+    counts = [len(u.queries) for u in logs]
+    probe.extras["replay"] = {"played": 0, "empty_updates": 0, "holds": 0, "exhausted": 0}
+    last = max((float(u.offsets[-1]) for u in logs if len(u.offsets)), default=0.0)
+    facts = {
+        "users": [u.user for u in logs],
+        "train_queries": int(sum(counts)),
+        "queries_per_user": {"min": min(counts), "max": max(counts)},
+        "time_scale": time_scale,
+        "logged_span_s": last,
+        "simulated_span_s": last / time_scale,
+    }
+    return Partition(clients, facts=facts)
 
 
 def contributions(reports: list[RoundReport]) -> dict[str, Any]:
@@ -498,7 +566,33 @@ class Simulation:
                 "updates and cannot combine with secure aggregation"
             )
         n_clients = fed["clients"] + n_mal
-        if fed.get("partition"):  # non-IID: the partitioner gives each client its own data
+        ctx.clock0 = getattr(self, "_sim0", 0.0)
+        if data.logs is not None:  # a logged federation: each client replays one user
+            if not proto.replays:
+                raise ScenarioError(
+                    f"dataset.format: protocol {fed['protocol']!r} does not replay logged "
+                    "queries; expected 'letor' (the replaying protocols: fpdgd, fpdgd_async)"
+                )
+            if fed.get("partition"):
+                raise ScenarioError(
+                    "federation.partition: expected no table with dataset.format = "
+                    "'aol4foltr' (the log is the partition)"
+                )
+            if cfg["network"].get("flgo"):
+                raise ScenarioError(
+                    "network.flgo: expected no FLGo system model with dataset.format = "
+                    "'aol4foltr' (the log decides when and how much each client trains)"
+                )
+            if getattr(ctx.params, "dp", False):
+                raise ScenarioError(
+                    "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
+                    "client with no new query sends an empty update without its noise share, so "
+                    "the round's noise would not sum to the Laplace the accounting states)"
+                )
+            ctx.partition = replay_partition(data.logs, cfg["dataset"]["time_scale"], self.probe)
+            ctx.partition.by_agent = {client_id(i): c for i, c in enumerate(ctx.partition.clients)}
+            queries = [c.queries for c in ctx.partition.clients]
+        elif fed.get("partition"):  # non-IID: the partitioner gives each client its own data
             if not proto.partitions:
                 raise ScenarioError(
                     f"federation.partition: protocol {fed['protocol']!r} does "
@@ -1030,6 +1124,9 @@ class ProtocolRun(Checkpointed, ABC):
     #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's
     #: completeness models apply).
     completes: bool = False
+    #: True when its clients replay a logged user's queries at their times
+    #: (``ClientData.arrivals``, ``dataset.format = "aol4foltr"``).
+    replays: bool = False
 
     @abstractmethod
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:

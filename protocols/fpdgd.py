@@ -33,6 +33,11 @@ deeper MLPs, other click models and as the reference) does, so its weights and w
 were shown are the same up to float rounding; the probe orders the online metric by (round,
 client), so batching does not change it either. A client that crashes or leaves before its
 batch runs never shows its users those rankings.
+
+Replay (``dataset.format = "aol4foltr"``): a client is one logged user; on a model it trains on
+the queries its user issued since its last training (``Users.pending``), in logged order, one
+query at a time, instead of B random ones; with none it replies with the model it got and
+``n_interactions = 0`` (no weight in FedAvg), counted as an empty update.
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ class LocalLearner:
     ) -> None:
         p = ctx.params
         self.ranker = ctx.new_ranker()
+        own = ctx.client_data(owner)
         self.users = Users(
             ctx.train_set(owner),
             queries,
@@ -156,6 +162,7 @@ class LocalLearner:
             rng,
             ctx.probe,
             owner,
+            own.arrivals if own is not None else None,
         )
         self.rng = rng
         self.lr = p.lr
@@ -241,9 +248,17 @@ class FPDGDClient(Agent):
     async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
         """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
         duration = n * self.compute_time
-        # The batched path simulates cascade users only; others train one query at a time.
-        if self.pool is not None and isinstance(self.learner.users.click_model, CascadeModel):
+        users = self.learner.users
+        # The batched path simulates cascade users drawing queries; others (and a replayed
+        # log, whose queries come in order) train one query at a time.
+        if (
+            self.pool is not None
+            and isinstance(users.click_model, CascadeModel)
+            and users.arrivals is None
+        ):
             return await self.pool.submit((self.learner, self.learner.job(start, n)), duration)
+        if users.arrivals is not None:
+            replayed(self.ctx, "played", n)
         theta = self.learner.train(start, n)
         if duration > 0.0:
             await asyncio.sleep(duration)
@@ -262,10 +277,18 @@ class FPDGDClient(Agent):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         start = env.body["params"]
-        self.learner.users.round = env.round
-        self.interactions = self.ctx.local_work(self.id, self.batch)
+        users = self.learner.users
+        users.round = env.round
         if env.body.get("shares"):
             self.learner.shares = env.body["shares"]
+        if users.arrivals is not None:  # a replayed log: the queries issued since last time
+            self.interactions = users.pending(self.ctx.now())
+            if self.interactions == 0:  # none: an empty update (weight 0), counted
+                replayed(self.ctx, "empty_updates")
+                reply(self, env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
+                return
+        else:
+            self.interactions = self.ctx.local_work(self.id, self.batch)
         theta = await self.make_update(env.round, start)
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
@@ -286,6 +309,12 @@ class FPDGDClient(Agent):
             n = self.calibration_steps
             update = calibrate(stored, await self.local_train(start, n) - start)
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
+
+
+def replayed(ctx: RunContext, what: str, n: int = 1) -> None:
+    """Count what a replaying client did (``replay`` in results; see
+    ``simulation.replay_partition``)."""
+    ctx.probe.extras["replay"][what] += n
 
 
 def batch_kind(ranker) -> tuple | None:
@@ -398,6 +427,7 @@ class FPDGD(ProtocolRun):
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
     unlearns = True
+    replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx

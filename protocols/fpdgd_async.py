@@ -29,6 +29,7 @@ clients, which an asynchronous server never has.
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 import numpy as np
@@ -39,7 +40,7 @@ from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
 from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
+from protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
 from protocols.noniid import RemedyLearner
 
 
@@ -166,14 +167,39 @@ class AsyncFPDGDClient(FPDGDClient):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         self.learner.users.round = env.round
-        n = self.ctx.local_work(self.id, self.batch)
+        if self.learner.users.arrivals is not None:
+            n = await self.issued_queries()
+            if n == 0:  # the user's log has ended: no update
+                return
+        else:
+            n = self.ctx.local_work(self.id, self.batch)
         theta = await self.local_train(start, n)
         self.send(env.src, UPDATE, {"params": theta, "n_interactions": n}, env.round)
+
+    async def issued_queries(self) -> int:
+        """A replayed log: how many queries the user has issued by now and not yet played.
+        With none yet the client holds the model until the next one is issued (an empty
+        update would come straight back as a new dispatch); 0 when the log has ended.
+        Both are counted (``holds``, ``exhausted``)."""
+        users = self.learner.users
+        now = self.ctx.now()
+        n = users.pending(now)
+        if n > 0:
+            return n
+        nxt = users.next_arrival()
+        if nxt is None:
+            replayed(self.ctx, "exhausted")
+            return 0
+        replayed(self.ctx, "holds")
+        await asyncio.sleep(nxt - now)
+        # the timer may land a rounding error short of nxt: that query has been issued
+        return users.pending(max(self.ctx.now(), nxt))
 
 
 class AsyncFPDGD(ProtocolRun):
     partitions = True
     completes = True
+    replays = True
 
     def __init__(self, ctx: RunContext) -> None:
         if ctx.params.compute_time <= 0.0:

@@ -16,7 +16,8 @@ K = 10
 
 
 class Users:
-    """Query sampling, click simulation and online-metric recording for one client."""
+    """Query sampling (or a logged user's queries in order), click simulation and
+    online-metric recording for one client."""
 
     def __init__(
         self,
@@ -26,6 +27,7 @@ class Users:
         rng: np.random.Generator,
         probe,
         owner: str = "",
+        arrivals: np.ndarray | None = None,
     ) -> None:
         self.owner = owner
         self.round = 0  # the client sets it from the message it serves
@@ -37,9 +39,25 @@ class Users:
         self.ideal = ideal_dcg(train, K)  # cached per dataset, shared
         #: when a list, next_query appends each issued query (oracle truth for eavesdroppers)
         self.issued: list[int] | None = None
+        #: a replayed log: when each of ``queries`` is issued (simulated s, ascending); None:
+        #: queries are drawn uniformly at random
+        self.arrivals = arrivals
+        self.played = 0  # replay: queries issued so far, in order
+
+    def pending(self, now: float) -> int:
+        """Replay: logged queries issued by simulated time ``now`` and not yet played."""
+        return int(np.searchsorted(self.arrivals, now, side="right")) - self.played
+
+    def next_arrival(self) -> float | None:
+        """Replay: when the next unplayed query is issued (None: the log has ended)."""
+        return float(self.arrivals[self.played]) if self.played < len(self.arrivals) else None
 
     def next_query(self) -> int:
-        q = int(self.queries[self.rng.integers(len(self.queries))])
+        if self.arrivals is None:
+            q = int(self.queries[self.rng.integers(len(self.queries))])
+        else:  # the log's next query; callers ask ``pending`` first, so it has arrived
+            q = int(self.queries[self.played])
+            self.played += 1
         if self.issued is not None:
             self.issued.append(q)
         return q

@@ -30,17 +30,40 @@ SECTIONS: dict[str, dict[str, Field]] = {
     },
     "dataset": {
         "profile": Field(str, "mq2007-like", "embedded synthetic profile (when no path)"),
+        "format": Field(
+            str,
+            "letor",
+            "what dataset.path holds: LETOR files, or an AOL4FOLTR folder (one client per user)",
+            choices=("letor", "aol4foltr"),
+        ),
         "path": Field(str, None, "LETOR fold directory or train file", nullable=True),
         "n_queries": Field(int, None, "synthetic dataset size (all splits)", min=10, nullable=True),
         "normalise": Field(bool, False, "query-level min-max normalisation of LETOR features"),
         "seed": Field(
-            int, None, "synthetic data seed (default: scenario.seed)", nullable=True, min=0
+            int,
+            None,
+            "synthetic data / aol4foltr user draw seed (default: scenario.seed)",
+            nullable=True,
+            min=0,
         ),
         "folds": Field(
             list,
             [],
             "fold numbers under path (FoldN): every fold runs scenario.repeats seeds",
             items=Field(int, min=1),
+        ),
+        "min_queries": Field(int, 1, "aol4foltr: logged queries a user needs to be picked", min=1),
+        "select": Field(
+            str,
+            "sample",
+            "aol4foltr: users by a seeded draw (dataset.seed) or the most active",
+            choices=("sample", "most_active"),
+        ),
+        "test_fraction": Field(
+            float, 0.2, "aol4foltr: last share of queries in time held out", min=0.01, max=0.99
+        ),
+        "time_scale": Field(
+            float, 3600.0, "aol4foltr: logged seconds per simulated second", min=1e-9
         ),
     },
     "ranker": {
@@ -193,9 +216,10 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         _deep_merge(merged, over)
         for keys, value in sets:
             if keys == ["dataset", "profile"] and isinstance(merged.get("dataset"), dict):
-                # a profile replaces the file's data: its path and folds go with it
+                # a profile replaces the file's data: its path, folds and format go with it
                 merged["dataset"].pop("path", None)
                 merged["dataset"].pop("folds", None)
+                merged["dataset"].pop("format", None)
             _set_path(merged, keys)[keys[-1]] = value
         _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
@@ -219,6 +243,7 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
     ``--set dataset.folds=...`` or ``dataset.normalise=...`` still wins. A file path keeps its
     old meaning (that file, ``test.txt`` beside it, no folds); LETOR files of no published
     collection (a written synthetic profile) are read as they are, on their FoldN folders."""
+    from foltr_async.ltr.aol import LETOR, METADATA
     from foltr_async.ltr.catalog import NotPublished, recognise
 
     out: list[tuple[list[str], Any]] = []
@@ -228,6 +253,8 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
             continue
         if Path(value).is_file():
             out.append((["dataset", "folds"], []))
+            continue
+        if all((Path(value) / f).is_file() for f in (METADATA, LETOR)):  # AOL4FOLTR: no folds
             continue
         try:
             layout = recognise(value)
@@ -330,6 +357,15 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             "scenario.name",
             f"a name for one folder (no '/' or '\\', at most {NAME_MAX} bytes)",
             name if len(name) <= 40 else f"{name[:40]}... ({len(name)} characters)",
+        )
+    if cfg["dataset"]["format"] == "aol4foltr" and (
+        cfg["dataset"]["path"] is None or cfg["dataset"]["folds"]
+    ):
+        raise fail(
+            where,
+            "dataset.path",
+            "an AOL4FOLTR folder (metadata.csv, letor.txt) and no dataset.folds",
+            cfg["dataset"]["path"],
         )
     if cfg["dataset"]["path"] is None:
         from foltr_async.ltr.synthetic import profile_names
