@@ -9,7 +9,7 @@ every message crosses, so their taps see every link as in memory.
 
 Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus``)::
 
-    worker -> hub   hello {worker, claims}            hub -> worker   welcome | wait {reason}
+    worker -> hub   hello {worker, claims, run}       hub -> worker   welcome | wait {reason}
     hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq, seen}}}
     worker -> hub   ready {req, states: {id: [state, role]}}   | error {req, message}
     hub -> worker   act {run, agent, action, round}    -> ack {req, states}
@@ -26,8 +26,9 @@ behind every update the server received are counted. The server does not start r
 before every expected client is running (or ``join_timeout`` passes: the missing ones are
 logged and never take part). A worker that stops (killed, network cut) is noticed by its
 heartbeats: its clients count as crashed, so they miss the round (after the deadline) and are
-not selected again; a worker that says hello again (restarted) gets its clients back, built
-afresh, and they rejoin. Determinism: every agent's randomness is a named stream of the seed,
+not selected again; a worker that says hello again (restarted, or it lost the server and
+dropped its run: its hello names no run) gets its clients back, built afresh, and they rejoin.
+Determinism: every agent's randomness is a named stream of the seed,
 partitions come from the ``data`` stream, replies are aggregated in client-id order and the
 online metric is ordered by (round, client), so a zmq run with no simulated latency, loss or
 dropout gives the metrics of the memory run.
@@ -57,6 +58,7 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
@@ -64,11 +66,13 @@ from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec,
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.zmqbus import (
+    DEFAULT_LIMITS,
     HUB_CONTROL,
     Hub,
     HubBus,
     ServerKeys,
     TransportError,
+    WireLimits,
     WorkerBus,
     WorkerKeys,
     WorkerLink,
@@ -77,7 +81,7 @@ from foltr_async.runtime.zmqbus import (
     stats_delta,
 )
 from foltr_async.scenario.load import Scenario
-from foltr_async.simulation import Simulation
+from foltr_async.simulation import Simulation, load_datasets
 
 __all__ = [
     "LocalWorkers",
@@ -87,6 +91,7 @@ __all__ = [
     "join",
     "parse_agents",
     "run_digest",
+    "wire_limits",
 ]
 
 log = structlog.get_logger()
@@ -139,6 +144,32 @@ def run_digest(cfg: dict, data: Any) -> str:
     h.update(np.ascontiguousarray(train.labels).tobytes())
     h.update(np.ascontiguousarray(train.qptr).tobytes())
     return h.hexdigest()[:32]
+
+
+def wire_limits(scenario: Scenario) -> WireLimits:
+    """What the hub accepts from a peer in this scenario's runs, from its largest variant.
+
+    A data message carries at most a few models, a list of training queries or one entry per
+    client (secure aggregation's shares); a control frame at most every client's saved state
+    (a checkpoint's ``snapped``) or measurements. Both bounds are generous multiples of those
+    sizes: small next to the codec's 16 MB, and a frame bigger than any legal one is refused.
+    """
+    message, frame, clients = 0, 0, 1
+    for cfg in scenario.variants.values():
+        fed = cfg["federation"]
+        n = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+        data = load_datasets(cfg)
+        r = cfg["ranker"]
+        kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
+        ranker = make_ranker(r["kind"], data.train.n_features, np.random.default_rng(0), **kw)
+        model = 8 * ranker.n_params
+        m = (64 << 10) + 16 * model + 8 * data.train.n_queries + 512 * n
+        message = max(message, m)
+        frame = max(frame, m, (1 << 20) + n * ((64 << 10) + 64 * model))
+        clients = max(clients, n)
+    return WireLimits(
+        frame=frame, message=message, clients=clients, items=max(1 << 16, 16 * clients)
+    )
 
 
 # --------------------------------------------------------------------------- control schemas
@@ -250,6 +281,7 @@ class ZmqServer:
         launch: Callable[[str], Any] | None = None,
         stop: Callable[[], Any] | None = None,
         check: Callable[[], None] | None = None,
+        limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
         self.hub = Hub(
             bind,
@@ -260,7 +292,9 @@ class ZmqServer:
             on_lost=self._on_lost,
             on_refused=self._on_refused,
             control=WORKER_CONTROL,
+            limits=limits,
         )
+        self.limits = limits
         self.join_timeout = join_timeout
         self.reply_timeout = reply_timeout
         self._launch = launch
@@ -276,12 +310,16 @@ class ZmqServer:
         self._digest = ""
         self._round_t: list[float] = []
         self._wall0 = 0.0
-        self._refused_keys: set[str] = set()
         #: the hub's refusal and dropped-frame counts at the end of the previous run, and
         #: this run's share of them (a run reports its own, not the experiment's so far)
         self._counts_before: tuple[int, Counter] = (0, Counter())
         self._run_counts: dict[str, Any] = {}
         self.worker_errors = 0
+        #: honest clients no worker hosted by round 1, and clients whose worker was lost
+        #: mid-run (they crashed), this run
+        self.missing: list[str] = []
+        self.lost: set[str] = set()
+        self.n_clients = 0  # clients the workers host in this run
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -301,11 +339,16 @@ class ZmqServer:
     def make_bus(self, cfg: dict, seed: int) -> HubBus:
         self.run_id += 1
         self.bus = HubBus(
-            NetworkModel.from_dict(cfg["network"]), stream(seed, "net"), self.hub, self.run_id
+            NetworkModel.from_dict(cfg["network"]),
+            stream(seed, "net"),
+            self.hub,
+            self.run_id,
+            max_bytes=self.limits.message,
         )
         self.hub.bus = self.bus
         self._round_t = []
         self.worker_errors = 0  # runs a worker refused (this run)
+        self.missing, self.lost = [], set()
         original = self.bus.begin_round
 
         def begin_round(round: int, agent_ids: list[str]) -> set[str]:
@@ -334,6 +377,7 @@ class ZmqServer:
         self._wall0 = time.perf_counter()
         self._digest = run_digest(sim.cfg, sim.ctx.data)
         proxies = self._proxies()
+        self.n_clients = len(proxies)
         self._restore = restore or {}
         for aid, p in proxies.items():
             saved = self._restore.get(aid)
@@ -354,6 +398,7 @@ class ZmqServer:
             if self._check is not None:
                 self._check()
             if loop.time() >= deadline:
+                self.missing = missing
                 sim._emit(
                     "agents_missing",
                     n=len(missing),
@@ -476,6 +521,7 @@ class ZmqServer:
                 "frames_dropped": dict(self.hub.dropped - dropped),
             }
             self._counts_before = (self.hub.refused, Counter(self.hub.dropped))
+            self.hub.warn.flush()
 
     def report(self) -> dict[str, Any]:
         """Transport facts; the message rate counts each message once, over the rounds' wall
@@ -497,6 +543,10 @@ class ZmqServer:
                 "p95": float(np.percentile(gaps, 95)) if gaps.size else None,
             },
             "worker_errors": self.worker_errors,
+            "clients": self.n_clients,
+            "clients_missing": len(self.missing),
+            "clients_lost": len(self.lost),
+            "largest_frame_in": self.hub.largest_in,
             **self._run_counts,
         }
 
@@ -566,8 +616,13 @@ class ZmqServer:
         claims = set(msg.get("claims") or [])
         name = str(msg.get("worker", "?"))
         if peer in self.workers and self.workers[peer].claims == claims:
-            self.hub.control(peer, {"t": "welcome"})  # a repeated hello: nothing changed
-            return
+            if self.sim is None or msg["run"] == self.run_id:
+                self.hub.control(peer, {"t": "welcome"})  # a repeated hello: nothing changed
+                return
+            # it hosts no run (it thought the server lost and dropped its clients): its clients
+            # crashed, and they get their run again below, as a restarted worker's do
+            if any(p.worker == peer for p in self._proxies().values()):
+                self._on_lost(peer)
         for other in self.workers.values():
             overlap = claims & other.claims
             if other.peer != peer and overlap:
@@ -612,6 +667,7 @@ class ZmqServer:
                 p.state, p.lost = "crashed", True
                 self.bus.unregister(aid)
                 gone.append(aid)
+                self.lost.add(aid)
                 sim.observer.agent_changed(aid, p.role, p.state, p.rounds_joined, p.last_kind)
         sim._emit(
             "worker_lost",
@@ -621,13 +677,12 @@ class ZmqServer:
         )
 
     def _on_refused(self, address: str, key: str) -> None:
-        """One warning (and event) per refused key; libzmq retries a refused peer's handshake
-        every reconnect interval, and ``Hub.refused`` counts each."""
-        if key in self._refused_keys:
-            log.debug("auth_refused", address=address, key=key)
+        """A refused handshake: the first is a warning (and event) at once, later ones one line
+        per ``limits.log_every`` seconds with how many came since (``count``); a flood of
+        connections with made-up keys, or libzmq retrying a refused peer every reconnect
+        interval, costs a counter, not a line each. ``Hub.refused`` counts every one."""
+        if not self.hub.warn("auth_refused", "auth_refused", address=address, key=key):
             return
-        self._refused_keys.add(key)
-        log.warning("auth_refused", address=address, key=key)
         sim = self.sim
         if sim is not None:
             sim.observer.event(
@@ -836,6 +891,7 @@ class WorkerRuntime:
                 "claims": sorted(self.claims),
                 "host": os.uname().nodename,
                 "pid": os.getpid(),
+                "run": self.host.run if self.host is not None else 0,
             }
         )
 

@@ -228,7 +228,7 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
             time.sleep(0.05)
         time.sleep(0.5)  # the first rounds are on: fuzz while clients train
         peer.connect(f"tcp://127.0.0.1:{port}")
-        hello = {"t": "hello", "worker": "fuzzer", "claims": [], "host": "h", "pid": 1}
+        hello = {"t": "hello", "worker": "fuzzer", "claims": [], "host": "h", "pid": 1, "run": 0}
         peer.send_multipart([b"C", pack_control(hello)])
         time.sleep(0.3)
         honest = encode(

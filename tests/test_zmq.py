@@ -147,7 +147,7 @@ def test_agent_specs_and_control_messages_round_trip():
         unpack_control(b"\xc1")
 
 
-HELLO = {"t": "hello", "worker": "w1", "claims": [0], "host": "h", "pid": 1}
+HELLO = {"t": "hello", "worker": "w1", "claims": [0], "host": "h", "pid": 1, "run": 0}
 
 
 class _Proxy:

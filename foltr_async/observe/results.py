@@ -46,6 +46,7 @@ OWN_KEYS = (
     "conclusions",
     "complete",
     "nothing_learned",
+    "not_as_asked",
     "equal_time",
 )
 
@@ -89,6 +90,36 @@ def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
     from the variants' summaries, which count them)."""
     counts = {name: s["contributions"]["learned_nothing"] for name, s in summaries.items()}
     return {name: n for name, n in counts.items() if n}
+
+
+def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
+    """What a distributed run did not do as planned, from its repeats' transport facts:
+    ``lines`` one sentence per repeat with clients no worker hosted (they never took part) or
+    clients lost with their worker mid-run (they missed rounds); ``no_clients`` the variants
+    with a repeat in which no honest client took part, so nothing was measured."""
+    lines: list[str] = []
+    none: list[str] = []
+    for name, entry in variants.items():
+        for i, rep in enumerate(entry["repeats"]):
+            t = rep.get("transport") or {}
+            n, missing, lost = (
+                t.get("clients", 0),
+                t.get("clients_missing", 0),
+                t.get("clients_lost", 0),
+            )
+            where = f"{name} repeat {rep.get('repeat', i)}"
+            if missing:
+                lines.append(
+                    f"{where}: {missing} of {n} clients never joined (no worker hosted them)"
+                )
+                if missing >= n and name not in none:
+                    none.append(name)
+            if lost:
+                lines.append(
+                    f"{where}: {lost} of {n} clients were lost with their worker during the run "
+                    "(they missed rounds)"
+                )
+    return {"lines": lines, "no_clients": none}
 
 
 def _curve(repeats: list[dict], metric: str) -> dict:
@@ -221,6 +252,8 @@ def render_summary_md(results: dict) -> str:
             f"{name} ({n} of {len(variants[name]['repeats'])} repeats)" for name, n in idle.items()
         )
     lines.append(f"Seed {results.get('seed')}; {total} repeats finished; run {status}.")
+    for line in not_as_asked(variants)["lines"]:
+        lines.append(f"**Not as asked**: {line}.")
     for data in _datasets(results.get("config") or {}):
         lines.append(f"Dataset: {data}.")
     lines.append(
@@ -426,6 +459,9 @@ class ResultsWriter(Observer):
             "complete": self._complete,
             "nothing_learned": nothing_learned(summaries),
         }
+        unmet = not_as_asked(res["variants"])["lines"]
+        if unmet:
+            res["not_as_asked"] = unmet
         if is_timed(variants):  # asynchronous variants: compare at equal simulated time
             res["equal_time"] = at_common_time(variants, self.metric)
         res.update(self._extra)
