@@ -13,7 +13,8 @@ Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus
     hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq, seen}}}
     worker -> hub   ready {req, states: {id: [state, role]}}   | error {req, message}
     hub -> worker   act {run, agent, action, round}    -> ack {req, states}
-    hub -> worker   snap {run}                         -> snapped {req, agents, flush}
+    hub -> worker   snap {run, part}                   -> snapped_part {req, agents} ...
+                                                          snapped {req, agents, flush}
     hub -> worker   end {run}                          -> done {req, flush}
     worker -> hub   oracle {run, key, value}  (a client's oracle truth, before its update)
     worker -> hub   flush {run, flush}        (before a client's message: shown, counters)
@@ -78,6 +79,7 @@ from foltr_async.runtime.zmqbus import (
     WorkerLink,
     make_keys,
     merge_delivery_stats,
+    pack_control,
     stats_delta,
 )
 from foltr_async.scenario.load import Scenario
@@ -150,11 +152,12 @@ def wire_limits(scenario: Scenario) -> WireLimits:
     """What the hub accepts from a peer in this scenario's runs, from its largest variant.
 
     A data message carries at most a few models, a list of training queries or one entry per
-    client (secure aggregation's shares); a control frame at most every client's saved state
-    (a checkpoint's ``snapped``) or measurements. Both bounds are generous multiples of those
-    sizes: small next to the codec's 16 MB, and a frame bigger than any legal one is refused.
+    client (secure aggregation's shares): its bound is a generous multiple of those sizes. A
+    control frame carries measurements or saved client states, which a worker splits into
+    parts of at most half a frame (``snapped_part``), so a frame of twice the largest message,
+    at least 4 MB, fits every legal one: far below the codec's 16 MB for the shipped scenarios.
     """
-    message, frame, clients = 0, 0, 1
+    message, clients = 0, 1
     for cfg in scenario.variants.values():
         fed = cfg["federation"]
         n = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
@@ -163,12 +166,13 @@ def wire_limits(scenario: Scenario) -> WireLimits:
         kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
         ranker = make_ranker(r["kind"], data.train.n_features, np.random.default_rng(0), **kw)
         model = 8 * ranker.n_params
-        m = (64 << 10) + 16 * model + 8 * data.train.n_queries + 512 * n
-        message = max(message, m)
-        frame = max(frame, m, (1 << 20) + n * ((64 << 10) + 64 * model))
+        message = max(message, (64 << 10) + 16 * model + 8 * data.train.n_queries + 512 * n)
         clients = max(clients, n)
     return WireLimits(
-        frame=frame, message=message, clients=clients, items=max(1 << 16, 16 * clients)
+        frame=max(4 << 20, 2 * message),
+        message=message,
+        clients=clients,
+        items=max(1 << 16, 16 * clients),
     )
 
 
@@ -220,6 +224,7 @@ WORKER_CONTROL: dict[str, Struct] = {
     "ack": _reply(states=_STATES),
     "error": Struct({"t": Str(), "req": Opt(Int()), "message": Str(max_len=4000)}),
     "snapped": _reply(agents=Map(_SAVED), flush=_FLUSH),
+    "snapped_part": _reply(agents=Map(_SAVED)),
     "done": _reply(flush=_FLUSH),
     "oracle": Struct({"t": Str(), "run": Int(), "key": ListOf(_Any()), "value": ListOf(_Any())}),
     "flush": Struct({"t": Str(), "run": Int(), "flush": _FLUSH}),
@@ -305,6 +310,7 @@ class ZmqServer:
         self.sim: Simulation | None = None
         self.bus: HubBus | None = None
         self._pending: dict[int, tuple[bytes, asyncio.Future]] = {}
+        self._parts: dict[int, dict] = {}  # request -> saved states of its snapped_parts so far
         self._req = itertools.count(1)
         self._changed = asyncio.Event()
         self._digest = ""
@@ -320,6 +326,7 @@ class ZmqServer:
         self.missing: list[str] = []
         self.lost: set[str] = set()
         self.n_clients = 0  # clients the workers host in this run
+        self._run_out: set[bytes] = set()  # workers sent the run, not answered yet
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -444,10 +451,14 @@ class ZmqServer:
             "agents": mine,
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
+        self._run_out.add(peer)  # now: a hello queued behind this one must not send it again
         asyncio.ensure_future(self._run_request(peer, msg))
 
     async def _run_request(self, peer: bytes, msg: dict) -> None:
-        reply = await self._request(peer, msg)
+        try:
+            reply = await self._request(peer, msg)
+        finally:
+            self._run_out.discard(peer)
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
         if reply["t"] == "error":  # e.g. agent state it refused to load
@@ -497,7 +508,8 @@ class ZmqServer:
     async def snapshot(self, sim: Simulation) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for peer in self._hosting():
-            reply = await self._request(peer, {"t": "snap", "run": self.run_id})
+            msg = {"t": "snap", "run": self.run_id, "part": self.limits.frame // 2}
+            reply = await self._request(peer, msg)
             if reply is None or reply["t"] != "snapped":
                 continue
             self._merge(sim, reply["flush"])
@@ -570,6 +582,7 @@ class ZmqServer:
             return None
         finally:
             self._pending.pop(req, None)
+            self._parts.pop(req, None)
 
     def _merge(self, sim: Simulation, flush: dict) -> None:
         shown = flush["shown"]
@@ -601,8 +614,14 @@ class ZmqServer:
         req = msg.get("req")
         if req is not None:
             entry = self._pending.get(req)
-            if entry is not None and entry[0] == peer and not entry[1].done():
-                entry[1].set_result(msg)
+            if entry is None or entry[0] != peer or entry[1].done():
+                return
+            if t == "snapped_part":  # saved states ahead of the reply, on the same connection
+                self._parts.setdefault(req, {}).update(msg["agents"])
+                return
+            if t == "snapped":
+                msg["agents"] = {**self._parts.pop(req, {}), **msg["agents"]}
+            entry[1].set_result(msg)
             return
         sim = self.sim
         if sim is None or msg.get("run") != self.run_id:
@@ -616,8 +635,9 @@ class ZmqServer:
         claims = set(msg.get("claims") or [])
         name = str(msg.get("worker", "?"))
         if peer in self.workers and self.workers[peer].claims == claims:
-            if self.sim is None or msg["run"] == self.run_id:
-                self.hub.control(peer, {"t": "welcome"})  # a repeated hello: nothing changed
+            if self.sim is None or msg["run"] == self.run_id or peer in self._run_out:
+                # a repeated hello: nothing changed, or its run is on the way
+                self.hub.control(peer, {"t": "welcome"})
                 return
             # it hosts no run (it thought the server lost and dropped its clients): its clients
             # crashed, and they get their run again below, as a restarted worker's do
@@ -847,6 +867,21 @@ class AgentHost:
         heap.thaw()
 
 
+def _split(agents: dict[str, dict], budget: int) -> list[dict[str, dict]]:
+    """Saved agent states in groups of at most ``budget`` packed bytes (an agent bigger than
+    that alone), so a worker hosting many clients never sends a frame over the hub's limit."""
+    parts: list[dict[str, dict]] = [{}]
+    size = 0
+    for aid, entry in agents.items():
+        n = len(pack_control({aid: entry}))
+        if parts[-1] and size + n > budget:
+            parts.append({})
+            size = 0
+        parts[-1][aid] = entry
+        size += n
+    return parts
+
+
 class WorkerRuntime:
     """The control loop of ``python -m foltr_async join``."""
 
@@ -977,7 +1012,10 @@ class WorkerRuntime:
         if t == "act":
             return {"t": "ack", "states": await host.act(msg["agent"], msg["action"], msg["round"])}
         if t == "snap":
-            return {"t": "snapped", "agents": host.snapshot(), "flush": host.flush()}
+            *parts, last = _split(host.snapshot(), msg["part"])
+            for part in parts:
+                self.link.control({"t": "snapped_part", "agents": part, "req": msg.get("req")})
+            return {"t": "snapped", "agents": last, "flush": host.flush()}
         if t == "end":
             flush = await host.end()
             self.host = None

@@ -5,10 +5,13 @@ must end exactly as the unfuzzed one (metrics, messages sent and delivered) with
 added by reason, and memory must stay bounded whatever the headers say.
 """
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -290,3 +293,173 @@ def run_memory(path: Path, tmp_path: Path) -> dict:
 
     res = run_scenario(load_scenario(path), tmp_path / "memory", Observer())
     return res["variants"]["default"]["repeats"][0]
+
+
+# --------------------------------------------------------------------------- wire limits
+
+
+HELLO = {"t": "hello", "worker": "w", "claims": [0], "host": "h", "pid": 1, "run": 0}
+
+
+async def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_wire_limits_come_from_the_run_and_stay_far_below_the_old_64_mb(tmp_path, mq2008_dir):
+    """The limits follow the run's model and federation: a 4-client MQ2008 run takes data
+    messages under 100 KB and frames of 4 MB, not 64 MB, and what one peer can queue at the
+    hub is bounded (the old hub: 10^6 frames of up to 64 MB)."""
+    from foltr_async.distributed import wire_limits
+
+    limits = wire_limits(load_scenario(scenario(tmp_path, mq2008_dir)))
+    print(f"limits: frame {limits.frame} B, message {limits.message} B, hwm {limits.hwm}, "
+          f"held per peer {limits.held / 2**20:.0f} MiB")  # fmt: skip
+    assert limits.clients == 4 and limits.message < 100_000 and limits.frame == 4 * 2**20
+    assert limits.held <= 2**30
+    sets = ["federation.clients=400", 'ranker.kind="mlp"', "ranker.hidden=[4000]"]
+    bigger = wire_limits(load_scenario(scenario(tmp_path, mq2008_dir), sets))
+    assert bigger.clients == 400 and bigger.message > limits.message + 16 * 8 * 46 * 4000
+    assert bigger.frame == 2 * bigger.message
+
+
+async def test_a_stranger_gets_a_size_checked_hello_before_anything_is_unpacked():
+    """Before a valid hello a control frame may be a few kilobytes; a hello may claim only the
+    run's clients; an introduced peer's control frame may not ask for millions of items.
+    The old hub unpacked a 57 MB frame of one-byte items (4.4 GB) from anyone and kept ten
+    hellos of 2 M claims (1.5 GB) to the end of the run."""
+    import zmq.asyncio
+
+    from foltr_async.runtime.zmqbus import Hub, WireLimits
+
+    hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(clients=8, items=1000))
+    endpoint = await hub.start()
+    ctx = zmq.asyncio.Context()
+    socks = []
+
+    def peer(name: bytes) -> zmq.asyncio.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.routing_id, s.linger = name, 0
+        s.connect(endpoint)
+        socks.append(s)
+        return s
+
+    try:
+        stranger = peer(b"stranger")
+        # a 2 MB array of tiny items: dropped by its size, never unpacked
+        await stranger.send_multipart([b"C", msgpack.packb([0] * (2 << 20))])
+        # a hello claiming 2 M clients (the run has 8): the length limit refuses it unbuilt
+        await stranger.send_multipart([b"C", pack_control({**HELLO, "claims": list(range(20000))})])
+        # a hello claiming a client the run does not have
+        await stranger.send_multipart([b"C", pack_control({**HELLO, "claims": [8]})])
+        await _until(lambda: sum(hub.dropped.values()) == 3)
+        assert dict(hub.dropped) == {"oversized_control": 1, "undecodable": 1, "bad_control": 1}
+        assert hub.peers == {}
+        worker = peer(b"worker")
+        await worker.send_multipart([b"C", pack_control(HELLO)])
+        await _until(lambda: b"worker" in hub.peers)
+        bomb = pack_control({"t": "flush", "run": 1, "flush": {"x": [0] * 5000}})
+        await worker.send_multipart([b"C", bomb])
+        await _until(lambda: hub.dropped["undecodable"] == 2)
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)
+
+
+async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive():
+    """40 k junk control frames queued at once: the hub counts them all while the rest of its
+    event loop (heartbeats, rounds) keeps running. The old receive loop handled every queued
+    frame before yielding: the loop stalled for the whole backlog and workers timed out."""
+    from foltr_async.runtime.zmqbus import Hub
+
+    n = 40_000
+    hub = Hub("tcp://127.0.0.1:0", keys=None)
+    endpoint = await hub.start()
+    ctx = zmq.Context()
+    flooder = ctx.socket(zmq.DEALER)
+    flooder.linger, flooder.sndtimeo = 0, 20_000  # a send that cannot go in 20 s gives up
+    flooder.connect(endpoint)
+    junk = [bytes([0xC1]) + np.random.default_rng(i).bytes(i % 200) for i in range(64)]
+
+    def flood() -> None:
+        with contextlib.suppress(zmq.Again):
+            for i in range(n):
+                flooder.send_multipart([b"C", junk[i % 64]])
+
+    lags: list[float] = []
+    stop = False
+
+    async def probe() -> None:
+        while not stop:
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lags.append(time.perf_counter() - t - 0.005)
+
+    try:
+        sender = threading.Thread(target=flood)
+        sender.start()
+        time.sleep(1.0)  # the loop is busy elsewhere while the frames queue up
+        task = asyncio.ensure_future(probe())
+        started = time.monotonic()
+        await _until(lambda: hub.dropped["undecodable"] >= n, timeout=60)
+        took = time.monotonic() - started
+        stop = True
+        await task
+        sender.join(timeout=30)
+    finally:
+        flooder.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)
+    print(f"{n} junk frames counted in {took:.2f} s; loop lag max {max(lags) * 1e3:.1f} ms "
+          f"over {len(lags)} probes")  # fmt: skip
+    assert hub.dropped["undecodable"] == n
+    assert len(lags) > 10 and max(lags) < min(0.25, took / 2)
+
+
+def test_saved_states_are_split_under_the_frame_budget():
+    """A checkpoint reply from a worker hosting many clients goes in parts under half a
+    frame, never one frame that grows with the clients it hosts."""
+    from foltr_async.distributed import _split
+
+    agents = {f"client-{i:04d}": {"state": "joined", "blob": bytes(3000)} for i in range(10)}
+    parts = _split(agents, 10_000)
+    assert [len(p) for p in parts] == [3, 3, 3, 1]
+    assert {a: e for p in parts for a, e in p.items()} == agents
+    assert all(len(pack_control(p)) <= 10_000 for p in parts)
+    assert _split({"big": {"blob": bytes(50_000)}, "x": {}}, 10_000)[0] == {
+        "big": {"blob": bytes(50_000)}
+    }
+
+
+async def test_a_worker_that_never_reads_loses_frames_counted_not_queued_without_bound():
+    """Sends to a worker whose queue is full are dropped and counted: the old hub waited for
+    room, holding every pending frame in memory."""
+    import zmq.asyncio
+
+    from foltr_async.runtime.zmqbus import Hub, WireLimits
+
+    hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(hwm=8, send_hwm=8))
+    endpoint = await hub.start()
+    ctx = zmq.asyncio.Context()
+    sleeper = ctx.socket(zmq.DEALER)
+    sleeper.routing_id, sleeper.linger, sleeper.rcvhwm = b"sleeper", 0, 8
+    sleeper.setsockopt(zmq.RCVBUF, 4096)
+    sleeper.connect(endpoint)
+    failed = []
+    try:
+        await sleeper.send_multipart([b"C", pack_control(HELLO)])
+        await _until(lambda: b"sleeper" in hub.peers)
+        frame = bytes(256 * 1024)
+        for _ in range(400):  # 100 MB offered; the kernel's buffers take a few of them
+            hub.send(b"sleeper", [b"M", frame], lambda: failed.append(1))
+        await _until(lambda: hub.dropped["send_queue_full"] > 0)
+        await asyncio.sleep(0.2)
+        assert len(failed) == hub.dropped["send_queue_full"] > 300
+    finally:
+        sleeper.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)

@@ -127,8 +127,11 @@ class WireLimits:
     frame: int = DEFAULT_MAX_BYTES
     #: largest data message (the codec drops and counts bigger ones)
     message: int = DEFAULT_MAX_BYTES
-    #: frames queued per peer and direction (libzmq high-water marks)
-    hwm: int = 1000
+    #: frames a peer may have queued at the hub (libzmq receive high-water mark); a worker
+    #: sending faster waits (its own queue holds the rest), it loses nothing
+    hwm: int = 256
+    #: frames the hub queues for one worker before it drops (and counts) more
+    send_hwm: int = 100_000
     #: largest control frame from a peer that has not said hello
     hello: int = 64 * 1024
     #: most clients a hello may claim (client numbers below this)
@@ -742,7 +745,8 @@ class Hub:
         sock.linger = 0
         sock.router_mandatory = 1
         sock.maxmsgsize = self.limits.frame
-        sock.sndhwm = sock.rcvhwm = self.limits.hwm
+        sock.rcvhwm = self.limits.hwm
+        sock.sndhwm = self.limits.send_hwm
         if self.keys is not None:
             sock.curve_server = True
             sock.curve_publickey = self.keys.public
