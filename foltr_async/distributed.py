@@ -326,7 +326,7 @@ class ZmqServer:
         self.missing: list[str] = []
         self.lost: set[str] = set()
         self.n_clients = 0  # clients the workers host in this run
-        self._run_out: set[bytes] = set()  # workers sent the run, not answered yet
+        self._run_out: dict[bytes, int] = {}  # worker -> its unanswered run request
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -451,14 +451,15 @@ class ZmqServer:
             "agents": mine,
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
-        self._run_out.add(peer)  # now: a hello queued behind this one must not send it again
-        asyncio.ensure_future(self._run_request(peer, msg))
+        req = self._run_out[peer] = next(self._req)  # now: a hello queued behind must not resend
+        asyncio.ensure_future(self._run_request(peer, msg, req))
 
-    async def _run_request(self, peer: bytes, msg: dict) -> None:
+    async def _run_request(self, peer: bytes, msg: dict, req: int) -> None:
         try:
-            reply = await self._request(peer, msg)
+            reply = await self._request(peer, msg, req)
         finally:
-            self._run_out.discard(peer)
+            if self._run_out.get(peer) == req:
+                del self._run_out[peer]
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
         if reply["t"] == "error":  # e.g. agent state it refused to load
@@ -568,8 +569,8 @@ class ZmqServer:
         peers = {p.worker for p in self._proxies().values() if p.worker is not None}
         return [peer for peer in peers if peer in self.workers]
 
-    async def _request(self, peer: bytes, msg: dict) -> dict | None:
-        req = next(self._req)
+    async def _request(self, peer: bytes, msg: dict, req: int | None = None) -> dict | None:
+        req = next(self._req) if req is None else req
         fut = asyncio.get_running_loop().create_future()
         self._pending[req] = (peer, fut)
         self.hub.control(peer, {**msg, "req": req})
@@ -616,6 +617,8 @@ class ZmqServer:
             entry = self._pending.get(req)
             if entry is None or entry[0] != peer or entry[1].done():
                 return
+            if self._run_out.get(peer) == req:  # answered: a later hello is about this run
+                del self._run_out[peer]
             if t == "snapped_part":  # saved states ahead of the reply, on the same connection
                 self._parts.setdefault(req, {}).update(msg["agents"])
                 return
@@ -936,6 +939,8 @@ class WorkerRuntime:
         self.welcomed.clear()
         self.link.beating = False
         while not self.welcomed.is_set():
+            if self.done.is_set():  # a goodbye while saying hello again: the experiment is over
+                return
             if self.link.failed.done():
                 self.link.failed.result()  # raises the TransportError
             if loop.time() >= deadline:

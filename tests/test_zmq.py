@@ -513,7 +513,7 @@ def test_workers_that_lost_a_stalled_server_get_their_run_back(tmp_path, mq2008_
                    "--out", str(out), "--quiet", "--heartbeat-timeout", "60",
                    log=tmp_path / "serve.log")  # fmt: skip
     join = ["join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure",
-            "--heartbeat-timeout", "1.5"]  # fmt: skip
+            "--heartbeat-timeout", "4"]  # fmt: skip
     w0 = spawn(*join, "--agents", "client-0..client-2", log=tmp_path / "w0.log")
     w1 = spawn(*join, "--agents", "client-3..client-5", log=tmp_path / "w1.log")
     try:
@@ -521,7 +521,7 @@ def test_workers_that_lost_a_stalled_server_get_their_run_back(tmp_path, mq2008_
         server.send_signal(signal.SIGSTOP)
         wait_for(lambda: "server_lost" in (tmp_path / "w0.log").read_text()
                  and "server_lost" in (tmp_path / "w1.log").read_text(),
-                 timeout=20, what="the workers to give the server up")  # fmt: skip
+                 timeout=30, what="the workers to give the server up")  # fmt: skip
         server.send_signal(signal.SIGCONT)
         assert server.wait(timeout=120) == 0
         assert w0.wait(timeout=30) == 0 and w1.wait(timeout=30) == 0
