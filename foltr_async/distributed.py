@@ -59,11 +59,22 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
-from foltr_async.ltr.rankers import make_ranker
 from foltr_async.observe.observer import Observer
+from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
-from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
+from foltr_async.runtime.codec import (
+    DEFAULT_MAX_BYTES,
+    Array,
+    Bytes,
+    Int,
+    ListOf,
+    Map,
+    Opt,
+    Spec,
+    Str,
+    Struct,
+)
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.zmqbus import (
@@ -151,26 +162,24 @@ def run_digest(cfg: dict, data: Any) -> str:
 def wire_limits(scenario: Scenario) -> WireLimits:
     """What the hub accepts from a peer in this scenario's runs, from its largest variant.
 
-    A data message carries at most a few models, a list of training queries or one entry per
-    client (secure aggregation's shares): its bound is a generous multiple of those sizes. A
-    control frame carries measurements or saved client states, which a worker splits into
-    parts of at most half a frame (``snapped_part``), so a frame of twice the largest message,
-    at least 4 MB, fits every legal one: far below the codec's 16 MB for the shipped scenarios.
+    A data message is at most what the protocol declares (``ProtocolEntry.wire_bytes``: for
+    model-sized messages a few models, a list of training queries or one entry per client),
+    else the codec's 16 MB. A control frame carries measurements or saved client states, which
+    a worker splits into parts of at most half a frame (``snapped_part``), so a frame of twice
+    the largest message, at least 4 MB, fits every legal one.
     """
     message, clients = 0, 1
     for cfg in scenario.variants.values():
         fed = cfg["federation"]
         n = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
-        data = load_datasets(cfg)
-        r = cfg["ranker"]
-        kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
-        ranker = make_ranker(r["kind"], data.train.n_features, np.random.default_rng(0), **kw)
-        model = 8 * ranker.n_params
-        message = max(message, (64 << 10) + 16 * model + 8 * data.train.n_queries + 512 * n)
+        bound = REGISTRY.protocols[fed["protocol"]].wire_bytes
+        m = DEFAULT_MAX_BYTES if bound is None else bound(cfg, load_datasets(cfg))
+        message = max(message, m)
         clients = max(clients, n)
     return WireLimits(
         frame=max(4 << 20, 2 * message),
         message=message,
+        hello=(64 << 10) + 9 * clients,  # a worker may claim every client (msgpack ints)
         clients=clients,
         items=max(1 << 16, 16 * clients),
     )
@@ -321,10 +330,13 @@ class ZmqServer:
         self._counts_before: tuple[int, Counter] = (0, Counter())
         self._run_counts: dict[str, Any] = {}
         self.worker_errors = 0
-        #: honest clients no worker hosted by round 1, and clients whose worker was lost
-        #: mid-run (they crashed), this run
-        self.missing: list[str] = []
+        #: this run's clients a worker hosted at some point; of the others, those not hosted
+        #: by round 1 (``late``, the join timeout passed) and those whose worker was lost
+        #: mid-run (``lost``: they crashed); at the end, those never hosted (``missing``)
+        self.hosted: set[str] = set()
+        self.late: set[str] = set()
         self.lost: set[str] = set()
+        self.missing: list[str] = []
         self.n_clients = 0  # clients the workers host in this run
         self._run_out: dict[bytes, int] = {}  # worker -> its unanswered run request
 
@@ -355,7 +367,7 @@ class ZmqServer:
         self.hub.bus = self.bus
         self._round_t = []
         self.worker_errors = 0  # runs a worker refused (this run)
-        self.missing, self.lost = [], set()
+        self.hosted, self.late, self.lost, self.missing = set(), set(), set(), []
         original = self.bus.begin_round
 
         def begin_round(round: int, agent_ids: list[str]) -> set[str]:
@@ -405,7 +417,7 @@ class ZmqServer:
             if self._check is not None:
                 self._check()
             if loop.time() >= deadline:
-                self.missing = missing
+                self.late = set(missing)
                 sim._emit(
                     "agents_missing",
                     n=len(missing),
@@ -478,6 +490,7 @@ class ZmqServer:
             if p is None:
                 continue
             p.worker, p.role, p.lost = peer, role, False
+            self.hosted.add(aid)
             if aid in fresh:
                 bus.forget_sender(aid)  # a fresh agent numbers its messages from 1 again
             if state == "joined":
@@ -526,6 +539,7 @@ class ZmqServer:
                 if reply is not None and reply["t"] == "done":
                     self._merge(sim, reply["flush"])
         finally:
+            self.missing = sorted(set(self._proxies()) - self.hosted)
             self.sim = None
             self.hub.bus = None
             refused, dropped = self._counts_before
@@ -558,6 +572,7 @@ class ZmqServer:
             "worker_errors": self.worker_errors,
             "clients": self.n_clients,
             "clients_missing": len(self.missing),
+            "clients_late": len(self.late - set(self.missing)),
             "clients_lost": len(self.lost),
             "largest_frame_in": self.hub.largest_in,
             **self._run_counts,

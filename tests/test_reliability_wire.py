@@ -195,8 +195,12 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
     the memory fuzz's cases, envelopes as other agents, stale runs, huge seqs and garbage
     control frames while two workers' clients train: the run's metrics and message counts
     are the memory run's, every fuzz frame is a counted drop and the server's memory stays
-    flat."""
+    flat. Oversized envelopes are just over the run's message limit (the hub's frame limit
+    is above it: they reach the codec, which drops and counts them)."""
+    from foltr_async.distributed import wire_limits
+
     path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.4)
+    limits = wire_limits(load_scenario(path))
     port, out = free_port(), tmp_path / "zmq"
     cli = [sys.executable, "-m", "foltr_async"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -208,7 +212,7 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
                                     env={**env, **(extra_env or {})})  # fmt: skip
 
     # glibc raises its mmap threshold to the size of a freed mmapped block, so after the first
-    # 16 MB frame the next one may come from the heap and stay in RSS when freed: that is the
+    # large frame the next one may come from the heap and stay in RSS when freed: that is the
     # allocator, not the hub holding frames. A fixed threshold keeps RSS a measure of the hub.
     server = spawn("serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure",
                    "--out", str(out), "--quiet", log="serve.log",
@@ -241,11 +245,7 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
         run_1 = (1).to_bytes(4, "little") + bytes(8)
         rss = []
         for _ in range(3):  # the same volume three times: memory must not grow with it
-            big = 0
-            for data, reason in fuzz_cases(rng, [honest] * 6, 16 * 1024 * 1024):
-                big += reason == "oversized"
-                if reason == "oversized" and big > 1:
-                    continue  # one 16 MB frame per batch: the hub must drain it before the end
+            for data, reason in fuzz_cases(rng, [honest] * 6, limits.message):
                 peer.send_multipart([b"M", run_1, b"server", data])
                 expected["unauthenticated" if reason in ("replayed", "seq_ahead") else reason] += 1
             time.sleep(0.3)
@@ -283,7 +283,7 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
     undecodable = dropped.pop("undecodable")
     assert dropped == dict(control) and 0 < undecodable <= 50  # a few random bytes decode
     assert rep["transport"]["workers"] == 3  # the fuzzer said a valid hello: a worker
-    # after the first batch (a 16 MB frame went through the hub's buffers), further batches
+    # after the first batch (oversized frames went through the hub's buffers), further batches
     # and the garbage control frames leave the server's memory flat
     assert rss[-1] - rss[0] < 16 * 1024, rss
 
@@ -418,6 +418,36 @@ async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive()
           f"over {len(lags)} probes")  # fmt: skip
     assert hub.dropped["undecodable"] == n
     assert len(lags) > 10 and max(lags) < min(0.25, took / 2)
+
+
+async def test_a_frame_over_the_limit_is_refused_before_the_hub_holds_it():
+    """libzmq disconnects a peer whose frame is over ``limits.frame`` while reading its size:
+    the hub never buffers or sees it (the old hub took frames of up to 64 MB)."""
+    import zmq.asyncio
+
+    from foltr_async.runtime.zmqbus import Hub, WireLimits
+
+    hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(frame=64 * 1024))
+    endpoint = await hub.start()
+    ctx = zmq.asyncio.Context()
+    big = ctx.socket(zmq.DEALER)
+    big.linger = 0
+    big.connect(endpoint)
+    try:
+        await big.send_multipart([b"C", bytes(8 << 20)])
+        await big.send_multipart([b"C", b"\xc1"])  # after a reconnect: an ordinary junk frame
+        small = ctx.socket(zmq.DEALER)
+        small.linger = 0
+        small.connect(endpoint)
+        await small.send_multipart([b"C", b"\xc1" * 1000])
+        await _until(lambda: hub.frames_in >= 1)
+        await asyncio.sleep(0.3)
+        small.close(linger=0)
+        assert hub.largest_in < 64 * 1024 and hub.bytes_in < 64 * 1024
+    finally:
+        big.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)
 
 
 def test_saved_states_are_split_under_the_frame_budget():

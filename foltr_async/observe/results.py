@@ -94,19 +94,17 @@ def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
 
 def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
     """What a distributed run did not do as planned, from its repeats' transport facts:
-    ``lines`` one sentence per repeat with clients no worker hosted (they never took part) or
-    clients lost with their worker mid-run (they missed rounds); ``no_clients`` the variants
-    with a repeat in which no honest client took part, so nothing was measured."""
+    ``lines`` one sentence per repeat with clients no worker hosted (they never took part),
+    hosted only after round 1 or lost with their worker mid-run (they missed rounds);
+    ``no_clients`` the variants with a repeat in which no honest client took part, so nothing
+    was measured."""
     lines: list[str] = []
     none: list[str] = []
     for name, entry in variants.items():
         for i, rep in enumerate(entry["repeats"]):
             t = rep.get("transport") or {}
-            n, missing, lost = (
-                t.get("clients", 0),
-                t.get("clients_missing", 0),
-                t.get("clients_lost", 0),
-            )
+            n, missing = t.get("clients", 0), t.get("clients_missing", 0)
+            late, lost = t.get("clients_late", 0), t.get("clients_lost", 0)
             where = f"{name} repeat {rep.get('repeat', i)}"
             if missing:
                 lines.append(
@@ -114,6 +112,11 @@ def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
                 )
                 if missing >= n and name not in none:
                     none.append(name)
+            if late:
+                lines.append(
+                    f"{where}: {late} of {n} clients joined only after round 1 (their worker "
+                    "came late: they missed rounds)"
+                )
             if lost:
                 lines.append(
                     f"{where}: {lost} of {n} clients were lost with their worker during the run "
