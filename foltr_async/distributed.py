@@ -25,11 +25,12 @@ A *flush* carries what the worker measured since its last flush: displayed-ranki
 ahead of every message a client sends when anything changed, so a killed worker's interactions
 behind every update the server received are counted. The server does not start round 1
 before every expected client is running (or ``join_timeout`` passes: the missing ones are
-logged and never take part). A worker that stops (killed, network cut) is noticed by its
-heartbeats: its clients count as crashed, so they miss the round (after the deadline) and are
-not selected again; a worker that says hello again (restarted, or it lost the server and
-dropped its run: its hello names no run) gets its clients back, built afresh, and they rejoin.
-Determinism: every agent's randomness is a named stream of the seed,
+logged and join, late, when a worker hosts them; the report counts clients late, lost with a
+worker and never hosted, and the results say so). A worker that stops (killed, network cut)
+is noticed by its heartbeats: its clients count as crashed, so they miss the round (after the
+deadline) and are not selected again; a worker that says hello again (restarted, or it lost
+the server and dropped its run: its hello names no run) gets its clients back, built afresh,
+and they rejoin. Determinism: every agent's randomness is a named stream of the seed,
 partitions come from the ``data`` stream, replies are aggregated in client-id order and the
 online metric is ordered by (round, client), so a zmq run with no simulated latency, loss or
 dropout gives the metrics of the memory run.
