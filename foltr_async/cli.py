@@ -275,7 +275,17 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         print(f"  {line}")
     from foltr_async.observe.results import not_as_asked
 
-    unmet = not_as_asked(results.get("variants") or {})
+    variants = results.get("variants") or {}
+    for name, entry in variants.items():
+        for rep in entry["repeats"]:
+            t = rep.get("transport") or {}
+            hostile = {**t.get("frames_dropped", {})}
+            if t.get("refused_handshakes"):
+                hostile["refused_handshakes"] = t["refused_handshakes"]
+            if hostile:
+                counts = ", ".join(f"{k} {v}" for k, v in sorted(hostile.items()))
+                print(f"  {name} repeat {rep.get('repeat')}: at the hub: {counts}")
+    unmet = not_as_asked(variants)
     for line in unmet["lines"]:
         print(f"warning: {line}", file=sys.stderr)
     idle = results.get("nothing_learned")

@@ -493,3 +493,69 @@ async def test_a_worker_that_never_reads_loses_frames_counted_not_queued_without
         sleeper.close(linger=0)
         ctx.term()
         await hub.close(bye=False)
+
+
+def test_a_control_flood_from_a_worker_is_counted_while_the_run_goes_on(tmp_path, mq2008_dir):
+    """Three seconds of random 1-512-byte control frames from a peer that said a valid hello,
+    while two workers' clients train: every round still gets every client's reply, every
+    junk frame is a counted drop (reported in results.json and on the console) and the log
+    gets a line per reason, not per frame. The old hub logged each frame (220 k lines), its
+    heartbeats starved, the workers dropped their runs and no later round got a reply."""
+    path = scenario(tmp_path, mq2008_dir, rounds=20, round_gap=0.2)
+    port, out = free_port(), tmp_path / "zmq"
+    cli = [sys.executable, "-m", "foltr_async"]
+    logs = []
+
+    def spawn(*args: str) -> subprocess.Popen:
+        logs.append(open(tmp_path / f"p{len(logs)}.log", "wb"))  # noqa: SIM115
+        return subprocess.Popen([*cli, *args], cwd=ROOT, stdout=logs[-1],
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+    server = spawn("serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure",
+                   "--out", str(out))  # fmt: skip
+    join = ["join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure",
+            "--heartbeat-timeout", "5"]  # fmt: skip
+    workers = [spawn(*join, "--agents", a) for a in ("client-0..client-1", "client-2..client-3")]
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.routing_id, peer.linger, peer.sndtimeo = b"flooder", 0, 1000
+    rng = np.random.default_rng(3)
+    sent = 0
+    try:
+        deadline = time.monotonic() + 60
+        while sum(e["event"] == "worker_joined" for e in events(out)) < 2:
+            assert time.monotonic() < deadline, "the workers did not join"
+            time.sleep(0.05)
+        peer.connect(f"tcp://127.0.0.1:{port}")
+        hello = {"t": "hello", "worker": "f", "claims": [], "host": "h", "pid": 1, "run": 0}
+        peer.send_multipart([b"C", pack_control(hello)])
+        time.sleep(0.3)
+        junk = [rng.bytes(int(n)) for n in rng.integers(1, 513, size=1024)]
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            with contextlib.suppress(zmq.Again):
+                peer.send_multipart([b"C", junk[sent % 1024]])
+                sent += 1
+        assert server.wait(timeout=180) == 0
+        assert all(w.wait(timeout=30) == 0 for w in workers)
+    finally:
+        peer.close()
+        ctx.term()
+        for p in (server, *workers):
+            p.kill()
+        for fh in logs:
+            fh.close()
+    rep = json.loads((out / "results.json").read_text())["variants"]["default"]["repeats"][0]
+    replied = {e["round"]: e["replied"] for e in events(out) if e["event"] == "aggregation"}
+    dropped = rep["transport"]["frames_dropped"]
+    lines = [e for e in events(out) if e["event"] == "hub_frame_dropped"]
+    print(f"{sent} junk frames in 3 s: dropped {dropped}, {len(lines)} log lines, "
+          f"replies per round {sorted(set(replied.values()))}")  # fmt: skip
+    assert sent > 1000 and sum(dropped.values()) == sent
+    assert sorted(replied) == list(range(1, 21)) and set(replied.values()) == {4}
+    assert len(lines) <= 2 * len(dropped)  # a line per reason (and one more per 10 s)
+    console = (tmp_path / "p0.log").read_text()
+    assert "default repeat 0: at the hub: " in console
+    assert f"undecodable {dropped['undecodable']}" in console
+    assert not any(e["event"] == "worker_lost" for e in events(out))
