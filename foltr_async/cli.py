@@ -1,9 +1,10 @@
 """Command line: ``python -m foltr_async SCENARIO.toml [...]`` and its helper commands.
 
 Exit codes: 0 success; 1 internal error (traceback saved to error.log in the output folder);
-2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but a variant
-learned nothing (no round took in a client update) or measured nothing (no held-out query has a
-relevant document), results kept; 130 interrupted (results written so far are kept).
+2 bad input (scenario, dataset, arguments), one line on stderr; 3 the run finished but measured
+nothing meaningful: a variant learned nothing (no round took in a client update) or measured
+nothing (no held-out query has a relevant document), or in a distributed run no honest client
+took part (results are kept); 130 interrupted (results written so far are kept).
 """
 
 from __future__ import annotations
@@ -284,6 +285,21 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
+    from foltr_async.observe.results import not_as_asked
+
+    variants = results.get("variants") or {}
+    for name, entry in variants.items():
+        for rep in entry["repeats"]:
+            t = rep.get("transport") or {}
+            hostile = {**t.get("frames_dropped", {})}
+            if t.get("refused_handshakes"):
+                hostile["refused_handshakes"] = t["refused_handshakes"]
+            if hostile:
+                counts = ", ".join(f"{k} {v}" for k, v in sorted(hostile.items()))
+                print(f"  {name} repeat {rep.get('repeat')}: at the hub: {counts}")
+    unmet = not_as_asked(variants)
+    for line in unmet["lines"]:
+        print(f"warning: {line}", file=sys.stderr)
     idle, unmeasured = results.get("nothing_learned"), results.get("nothing_measured")
     if idle:
         print(
@@ -297,12 +313,18 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             f"relevant document, so {results.get('metric')} is undefined (results kept in {out})",
             file=sys.stderr,
         )
-    return NO_RESULT if idle or unmeasured else 0
+    if unmet["no_clients"]:
+        print(
+            f"error: no honest client took part in {', '.join(unmet['no_clients'])}: no worker "
+            f"hosted them, so nothing was measured (results kept in {out})",
+            file=sys.stderr,
+        )
+    return NO_RESULT if idle or unmeasured or unmet["no_clients"] else 0
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
     """The server side of a zmq run: bound as asked (serve) or with local workers (run)."""
-    from foltr_async.distributed import LocalWorkers, ZmqServer
+    from foltr_async.distributed import LocalWorkers, ZmqServer, wire_limits
     from foltr_async.runtime.zmqbus import load_server_keys
 
     common = {"join_timeout": args.join_timeout, "heartbeat_timeout": args.heartbeat_timeout}
@@ -313,7 +335,7 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
                 "--insecure for plaintext without authentication"
             )
         keys = None if args.insecure else load_server_keys(args.keys)
-        return ZmqServer(args.bind, keys=keys, **common)
+        return ZmqServer(args.bind, keys=keys, limits=wire_limits(scenario), **common)
     scenario_args = [str(args.scenario)] + [a for s in args.sets for a in ("--set", s)]
     if args.seed is not None:
         scenario_args += ["--seed", str(args.seed)]
@@ -330,6 +352,7 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
         launch=workers.launch,
         stop=workers.stop,
         check=workers.check,
+        limits=wire_limits(scenario),
         **common,
     )
 

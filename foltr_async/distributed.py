@@ -9,11 +9,12 @@ every message crosses, so their taps see every link as in memory.
 
 Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus``)::
 
-    worker -> hub   hello {worker, claims}            hub -> worker   welcome | wait {reason}
+    worker -> hub   hello {worker, claims, run}       hub -> worker   welcome | wait {reason}
     hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq, seen}}}
     worker -> hub   ready {req, states: {id: [state, role]}}   | error {req, message}
     hub -> worker   act {run, agent, action, round}    -> ack {req, states}
-    hub -> worker   snap {run}                         -> snapped {req, agents, flush}
+    hub -> worker   snap {run, part}                   -> snapped_part {req, agents} ...
+                                                          snapped {req, agents, flush}
     hub -> worker   end {run}                          -> done {req, flush}
     worker -> hub   oracle {run, key, value}  (a client's oracle truth, before its update)
     worker -> hub   flush {run, flush}        (before a client's message: shown, counters)
@@ -24,10 +25,12 @@ A *flush* carries what the worker measured since its last flush: displayed-ranki
 ahead of every message a client sends when anything changed, so a killed worker's interactions
 behind every update the server received are counted. The server does not start round 1
 before every expected client is running (or ``join_timeout`` passes: the missing ones are
-logged and never take part). A worker that stops (killed, network cut) is noticed by its
-heartbeats: its clients count as crashed, so they miss the round (after the deadline) and are
-not selected again; a worker that says hello again (restarted) gets its clients back, built
-afresh, and they rejoin. Determinism: every agent's randomness is a named stream of the seed,
+logged and join, late, when a worker hosts them; the report counts clients late, lost with a
+worker and never hosted, and the results say so). A worker that stops (killed, network cut)
+is noticed by its heartbeats: its clients count as crashed, so they miss the round (after the
+deadline) and are not selected again; a worker that says hello again (restarted, or it lost
+the server and dropped its run: its hello names no run) gets its clients back, built afresh,
+and they rejoin. Determinism: every agent's randomness is a named stream of the seed,
 partitions come from the ``data`` stream, replies are aggregated in client-id order and the
 online metric is ordered by (round, client), so a zmq run with no simulated latency, loss or
 dropout gives the metrics of the memory run.
@@ -58,26 +61,41 @@ import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.observer import Observer
+from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
-from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
+from foltr_async.runtime.codec import (
+    DEFAULT_MAX_BYTES,
+    Array,
+    Bytes,
+    Int,
+    ListOf,
+    Map,
+    Opt,
+    Spec,
+    Str,
+    Struct,
+)
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.zmqbus import (
+    DEFAULT_LIMITS,
     HUB_CONTROL,
     Hub,
     HubBus,
     ServerKeys,
     TransportError,
+    WireLimits,
     WorkerBus,
     WorkerKeys,
     WorkerLink,
     make_keys,
     merge_delivery_stats,
+    pack_control,
     stats_delta,
 )
 from foltr_async.scenario.load import Scenario
-from foltr_async.simulation import Simulation
+from foltr_async.simulation import Simulation, load_datasets
 
 __all__ = [
     "LocalWorkers",
@@ -87,6 +105,7 @@ __all__ = [
     "join",
     "parse_agents",
     "run_digest",
+    "wire_limits",
 ]
 
 log = structlog.get_logger()
@@ -141,6 +160,32 @@ def run_digest(cfg: dict, data: Any) -> str:
     return h.hexdigest()[:32]
 
 
+def wire_limits(scenario: Scenario) -> WireLimits:
+    """What the hub accepts from a peer in this scenario's runs, from its largest variant.
+
+    A data message is at most what the protocol declares (``ProtocolEntry.wire_bytes``: for
+    model-sized messages a few models, a list of training queries or one entry per client),
+    else the codec's 16 MB. A control frame carries measurements or saved client states, which
+    a worker splits into parts of at most half a frame (``snapped_part``), so a frame of twice
+    the largest message, at least 4 MB, fits every legal one.
+    """
+    message, clients = 0, 1
+    for cfg in scenario.variants.values():
+        fed = cfg["federation"]
+        n = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+        bound = REGISTRY.protocols[fed["protocol"]].wire_bytes
+        m = DEFAULT_MAX_BYTES if bound is None else bound(cfg, load_datasets(cfg))
+        message = max(message, m)
+        clients = max(clients, n)
+    return WireLimits(
+        frame=max(4 << 20, 2 * message),
+        message=message,
+        hello=(64 << 10) + 9 * clients,  # a worker may claim every client (msgpack ints)
+        clients=clients,
+        items=max(1 << 16, 16 * clients),
+    )
+
+
 # --------------------------------------------------------------------------- control schemas
 
 
@@ -189,6 +234,7 @@ WORKER_CONTROL: dict[str, Struct] = {
     "ack": _reply(states=_STATES),
     "error": Struct({"t": Str(), "req": Opt(Int()), "message": Str(max_len=4000)}),
     "snapped": _reply(agents=Map(_SAVED), flush=_FLUSH),
+    "snapped_part": _reply(agents=Map(_SAVED)),
     "done": _reply(flush=_FLUSH),
     "oracle": Struct({"t": Str(), "run": Int(), "key": ListOf(_Any()), "value": ListOf(_Any())}),
     "flush": Struct({"t": Str(), "run": Int(), "flush": _FLUSH}),
@@ -250,6 +296,7 @@ class ZmqServer:
         launch: Callable[[str], Any] | None = None,
         stop: Callable[[], Any] | None = None,
         check: Callable[[], None] | None = None,
+        limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
         self.hub = Hub(
             bind,
@@ -260,7 +307,9 @@ class ZmqServer:
             on_lost=self._on_lost,
             on_refused=self._on_refused,
             control=WORKER_CONTROL,
+            limits=limits,
         )
+        self.limits = limits
         self.join_timeout = join_timeout
         self.reply_timeout = reply_timeout
         self._launch = launch
@@ -271,17 +320,26 @@ class ZmqServer:
         self.sim: Simulation | None = None
         self.bus: HubBus | None = None
         self._pending: dict[int, tuple[bytes, asyncio.Future]] = {}
+        self._parts: dict[int, dict] = {}  # request -> saved states of its snapped_parts so far
         self._req = itertools.count(1)
         self._changed = asyncio.Event()
         self._digest = ""
         self._round_t: list[float] = []
         self._wall0 = 0.0
-        self._refused_keys: set[str] = set()
         #: the hub's refusal and dropped-frame counts at the end of the previous run, and
         #: this run's share of them (a run reports its own, not the experiment's so far)
         self._counts_before: tuple[int, Counter] = (0, Counter())
         self._run_counts: dict[str, Any] = {}
         self.worker_errors = 0
+        #: this run's clients a worker hosted at some point; of the others, those not hosted
+        #: by round 1 (``late``, the join timeout passed) and those whose worker was lost
+        #: mid-run (``lost``: they crashed); at the end, those never hosted (``missing``)
+        self.hosted: set[str] = set()
+        self.late: set[str] = set()
+        self.lost: set[str] = set()
+        self.missing: list[str] = []
+        self.n_clients = 0  # clients the workers host in this run
+        self._run_out: dict[bytes, int] = {}  # worker -> its unanswered run request
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -301,11 +359,16 @@ class ZmqServer:
     def make_bus(self, cfg: dict, seed: int) -> HubBus:
         self.run_id += 1
         self.bus = HubBus(
-            NetworkModel.from_dict(cfg["network"]), stream(seed, "net"), self.hub, self.run_id
+            NetworkModel.from_dict(cfg["network"]),
+            stream(seed, "net"),
+            self.hub,
+            self.run_id,
+            max_bytes=self.limits.message,
         )
         self.hub.bus = self.bus
         self._round_t = []
         self.worker_errors = 0  # runs a worker refused (this run)
+        self.hosted, self.late, self.lost, self.missing = set(), set(), set(), []
         original = self.bus.begin_round
 
         def begin_round(round: int, agent_ids: list[str]) -> set[str]:
@@ -334,6 +397,7 @@ class ZmqServer:
         self._wall0 = time.perf_counter()
         self._digest = run_digest(sim.cfg, sim.ctx.data)
         proxies = self._proxies()
+        self.n_clients = len(proxies)
         self._restore = restore or {}
         for aid, p in proxies.items():
             saved = self._restore.get(aid)
@@ -354,6 +418,7 @@ class ZmqServer:
             if self._check is not None:
                 self._check()
             if loop.time() >= deadline:
+                self.late = set(missing)
                 sim._emit(
                     "agents_missing",
                     n=len(missing),
@@ -399,10 +464,15 @@ class ZmqServer:
             "agents": mine,
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
-        asyncio.ensure_future(self._run_request(peer, msg))
+        req = self._run_out[peer] = next(self._req)  # now: a hello queued behind must not resend
+        asyncio.ensure_future(self._run_request(peer, msg, req))
 
-    async def _run_request(self, peer: bytes, msg: dict) -> None:
-        reply = await self._request(peer, msg)
+    async def _run_request(self, peer: bytes, msg: dict, req: int) -> None:
+        try:
+            reply = await self._request(peer, msg, req)
+        finally:
+            if self._run_out.get(peer) == req:
+                del self._run_out[peer]
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
         if reply["t"] == "error":  # e.g. agent state it refused to load
@@ -421,6 +491,7 @@ class ZmqServer:
             if p is None:
                 continue
             p.worker, p.role, p.lost = peer, role, False
+            self.hosted.add(aid)
             if aid in fresh:
                 bus.forget_sender(aid)  # a fresh agent numbers its messages from 1 again
             if state == "joined":
@@ -452,7 +523,8 @@ class ZmqServer:
     async def snapshot(self, sim: Simulation) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for peer in self._hosting():
-            reply = await self._request(peer, {"t": "snap", "run": self.run_id})
+            msg = {"t": "snap", "run": self.run_id, "part": self.limits.frame // 2}
+            reply = await self._request(peer, msg)
             if reply is None or reply["t"] != "snapped":
                 continue
             self._merge(sim, reply["flush"])
@@ -468,6 +540,7 @@ class ZmqServer:
                 if reply is not None and reply["t"] == "done":
                     self._merge(sim, reply["flush"])
         finally:
+            self.missing = sorted(set(self._proxies()) - self.hosted)
             self.sim = None
             self.hub.bus = None
             refused, dropped = self._counts_before
@@ -476,6 +549,7 @@ class ZmqServer:
                 "frames_dropped": dict(self.hub.dropped - dropped),
             }
             self._counts_before = (self.hub.refused, Counter(self.hub.dropped))
+            self.hub.warn.flush()
 
     def report(self) -> dict[str, Any]:
         """Transport facts; the message rate counts each message once, over the rounds' wall
@@ -497,6 +571,11 @@ class ZmqServer:
                 "p95": float(np.percentile(gaps, 95)) if gaps.size else None,
             },
             "worker_errors": self.worker_errors,
+            "clients": self.n_clients,
+            "clients_missing": len(self.missing),
+            "clients_late": len(self.late - set(self.missing)),
+            "clients_lost": len(self.lost),
+            "largest_frame_in": self.hub.largest_in,
             **self._run_counts,
         }
 
@@ -506,8 +585,8 @@ class ZmqServer:
         peers = {p.worker for p in self._proxies().values() if p.worker is not None}
         return [peer for peer in peers if peer in self.workers]
 
-    async def _request(self, peer: bytes, msg: dict) -> dict | None:
-        req = next(self._req)
+    async def _request(self, peer: bytes, msg: dict, req: int | None = None) -> dict | None:
+        req = next(self._req) if req is None else req
         fut = asyncio.get_running_loop().create_future()
         self._pending[req] = (peer, fut)
         self.hub.control(peer, {**msg, "req": req})
@@ -520,6 +599,7 @@ class ZmqServer:
             return None
         finally:
             self._pending.pop(req, None)
+            self._parts.pop(req, None)
 
     def _merge(self, sim: Simulation, flush: dict) -> None:
         shown = flush["shown"]
@@ -551,8 +631,16 @@ class ZmqServer:
         req = msg.get("req")
         if req is not None:
             entry = self._pending.get(req)
-            if entry is not None and entry[0] == peer and not entry[1].done():
-                entry[1].set_result(msg)
+            if entry is None or entry[0] != peer or entry[1].done():
+                return
+            if self._run_out.get(peer) == req:  # answered: a later hello is about this run
+                del self._run_out[peer]
+            if t == "snapped_part":  # saved states ahead of the reply, on the same connection
+                self._parts.setdefault(req, {}).update(msg["agents"])
+                return
+            if t == "snapped":
+                msg["agents"] = {**self._parts.pop(req, {}), **msg["agents"]}
+            entry[1].set_result(msg)
             return
         sim = self.sim
         if sim is None or msg.get("run") != self.run_id:
@@ -566,8 +654,14 @@ class ZmqServer:
         claims = set(msg.get("claims") or [])
         name = str(msg.get("worker", "?"))
         if peer in self.workers and self.workers[peer].claims == claims:
-            self.hub.control(peer, {"t": "welcome"})  # a repeated hello: nothing changed
-            return
+            if self.sim is None or msg["run"] == self.run_id or peer in self._run_out:
+                # a repeated hello: nothing changed, or its run is on the way
+                self.hub.control(peer, {"t": "welcome"})
+                return
+            # it hosts no run (it thought the server lost and dropped its clients): its clients
+            # crashed, and they get their run again below, as a restarted worker's do
+            if any(p.worker == peer for p in self._proxies().values()):
+                self._on_lost(peer)
         for other in self.workers.values():
             overlap = claims & other.claims
             if other.peer != peer and overlap:
@@ -612,6 +706,7 @@ class ZmqServer:
                 p.state, p.lost = "crashed", True
                 self.bus.unregister(aid)
                 gone.append(aid)
+                self.lost.add(aid)
                 sim.observer.agent_changed(aid, p.role, p.state, p.rounds_joined, p.last_kind)
         sim._emit(
             "worker_lost",
@@ -621,13 +716,12 @@ class ZmqServer:
         )
 
     def _on_refused(self, address: str, key: str) -> None:
-        """One warning (and event) per refused key; libzmq retries a refused peer's handshake
-        every reconnect interval, and ``Hub.refused`` counts each."""
-        if key in self._refused_keys:
-            log.debug("auth_refused", address=address, key=key)
+        """A refused handshake: the first is a warning (and event) at once, later ones one line
+        per ``limits.log_every`` seconds with how many came since (``count``); a flood of
+        connections with made-up keys, or libzmq retrying a refused peer every reconnect
+        interval, costs a counter, not a line each. ``Hub.refused`` counts every one."""
+        if not self.hub.warn("auth_refused", "auth_refused", address=address, key=key):
             return
-        self._refused_keys.add(key)
-        log.warning("auth_refused", address=address, key=key)
         sim = self.sim
         if sim is not None:
             sim.observer.event(
@@ -792,6 +886,21 @@ class AgentHost:
         heap.thaw()
 
 
+def _split(agents: dict[str, dict], budget: int) -> list[dict[str, dict]]:
+    """Saved agent states in groups of at most ``budget`` packed bytes (an agent bigger than
+    that alone), so a worker hosting many clients never sends a frame over the hub's limit."""
+    parts: list[dict[str, dict]] = [{}]
+    size = 0
+    for aid, entry in agents.items():
+        n = len(pack_control({aid: entry}))
+        if parts[-1] and size + n > budget:
+            parts.append({})
+            size = 0
+        parts[-1][aid] = entry
+        size += n
+    return parts
+
+
 class WorkerRuntime:
     """The control loop of ``python -m foltr_async join``."""
 
@@ -836,6 +945,7 @@ class WorkerRuntime:
                 "claims": sorted(self.claims),
                 "host": os.uname().nodename,
                 "pid": os.getpid(),
+                "run": self.host.run if self.host is not None else 0,
             }
         )
 
@@ -845,6 +955,8 @@ class WorkerRuntime:
         self.welcomed.clear()
         self.link.beating = False
         while not self.welcomed.is_set():
+            if self.done.is_set():  # a goodbye while saying hello again: the experiment is over
+                return
             if self.link.failed.done():
                 self.link.failed.result()  # raises the TransportError
             if loop.time() >= deadline:
@@ -921,7 +1033,10 @@ class WorkerRuntime:
         if t == "act":
             return {"t": "ack", "states": await host.act(msg["agent"], msg["action"], msg["round"])}
         if t == "snap":
-            return {"t": "snapped", "agents": host.snapshot(), "flush": host.flush()}
+            *parts, last = _split(host.snapshot(), msg["part"])
+            for part in parts:
+                self.link.control({"t": "snapped_part", "agents": part, "req": msg.get("req")})
+            return {"t": "snapped", "agents": last, "flush": host.flush()}
         if t == "end":
             flush = await host.end()
             self.host = None

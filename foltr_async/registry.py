@@ -28,6 +28,10 @@ class ProtocolEntry:
     #: ``RunContext.params`` returns
     params: type
     build: Callable[..., Any]
+    #: bytes of the largest message a run may send, from the variant's config and its data
+    #: (``simulation.model_message_bytes`` for model-sized messages); a ZeroMQ server refuses
+    #: bigger frames. None: unknown, the codec's 16 MB limit applies.
+    wire_bytes: Callable[[dict, Any], int] | None = None
 
     @property
     def fields(self) -> dict[str, Field]:

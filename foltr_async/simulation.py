@@ -124,6 +124,21 @@ def _record(r: Any) -> bool:
     )
 
 
+def model_message_bytes(cfg: dict, data: Datasets) -> int:
+    """A generous bound on a message of a protocol whose messages carry the model: a few copies
+    of it or a list of training query numbers, plus headers, and with secure aggregation one
+    entry per client (its rosters and shares). For ``ProtocolEntry.wire_bytes``."""
+    r = cfg["ranker"]
+    kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
+    ranker = make_ranker(r["kind"], data.train.n_features, rng=np.random.default_rng(0), **kw)
+    fed = cfg["federation"]
+    size = (64 << 10) + 16 * 8 * ranker.n_params + 8 * data.train.n_queries
+    if fed.get("secure_aggregation"):
+        attackers = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+        size += 512 * (fed["clients"] + attackers)
+    return size
+
+
 @dataclass
 class Probe(Checkpointed):
     """Simulator-side measurements (never sent as messages): the online metric and extras.

@@ -57,7 +57,7 @@ from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Opt, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
+from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
 
 MODEL = "fedips.model"
 UPDATE = "fedips.update"
@@ -513,5 +513,6 @@ REGISTRY.add(
         "FedOpt server (baselines: naive FedAvg, full-info LambdaRank)",
         Params,
         FedIPS,
+        wire_bytes=model_message_bytes,
     )
 )

@@ -39,7 +39,7 @@ from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
+from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
 from protocols.online import ModelStrategy, OnlineClient
 from protocols.users import K
 
@@ -382,5 +382,11 @@ class FOLtRES(ProtocolRun):
 
 
 REGISTRY.add(
-    ProtocolEntry(NAME, "FOLtR-ES: seeds and privatised metrics, Adam server", Params, FOLtRES)
+    ProtocolEntry(
+        NAME,
+        "FOLtR-ES: seeds and privatised metrics, Adam server",
+        Params,
+        FOLtRES,
+        wire_bytes=model_message_bytes,
+    )
 )

@@ -65,7 +65,7 @@ from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
+from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
 from protocols.online import ModelStrategy
 from protocols.users import K, Users
 
@@ -538,5 +538,11 @@ class FPDGD(ProtocolRun):
 # FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
 summable(NAME, UPDATE, vector="params", weight="n_interactions")
 REGISTRY.add(
-    ProtocolEntry(NAME, "federated PDGD + FedAvg, optional DP and unlearning", Params, FPDGD)
+    ProtocolEntry(
+        NAME,
+        "federated PDGD + FedAvg, optional DP and unlearning",
+        Params,
+        FPDGD,
+        wire_bytes=model_message_bytes,
+    )
 )

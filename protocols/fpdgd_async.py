@@ -39,7 +39,7 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
+from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
 from protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
 from protocols.noniid import RemedyLearner
 
@@ -233,5 +233,6 @@ REGISTRY.add(
         "asynchronous FPDGD: FedAsync (staleness-weighted mixing) or FedBuff (buffer of K)",
         Params,
         AsyncFPDGD,
+        wire_bytes=model_message_bytes,
     )
 )

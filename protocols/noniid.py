@@ -86,6 +86,7 @@ from foltr_async.simulation import (
     RunContext,
     assign_queries,
     evaluate_views,
+    model_message_bytes,
     register_partitioner,
 )
 from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
@@ -602,5 +603,6 @@ REGISTRY.add(
         "FedPer (personal output layer), data sharing (alpha)",
         Params,
         FPDGDRemedies,
+        wire_bytes=model_message_bytes,
     )
 )

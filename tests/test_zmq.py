@@ -5,6 +5,7 @@ Every test spawns ``python -m foltr_async`` processes: the local launcher (``--t
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -147,7 +148,7 @@ def test_agent_specs_and_control_messages_round_trip():
         unpack_control(b"\xc1")
 
 
-HELLO = {"t": "hello", "worker": "w1", "claims": [0], "host": "h", "pid": 1}
+HELLO = {"t": "hello", "worker": "w1", "claims": [0], "host": "h", "pid": 1, "run": 0}
 
 
 class _Proxy:
@@ -473,6 +474,71 @@ def test_killed_worker_counts_as_dropped_and_a_restarted_one_rejoins(tmp_path, m
     assert rep["online"]["interactions"] == 3 * (sum(replied.values()) + rep["late_replies"])
     m = rep["messages"]
     assert m["sent"] == m["delivered"] + sum(m["dropped"].values())
+
+
+def test_a_serve_run_no_worker_joined_says_so_and_exits_3(tmp_path, mq2008_dir):
+    """Only the server-hosted attacker trained: the old server said "run complete" and exited
+    0. Now the console, summary.md and results.json say the clients never joined, and the
+    exit code says nothing meaningful was measured."""
+    path = write_scenario(
+        tmp_path / "z.toml",
+        mq2008_dir,
+        rounds=3,
+        deadline=0.3,
+        extra='[[agents]]\nbehaviour = "scaled_reversal"\ncount = 1',
+    )
+    out = tmp_path / "out"
+    done = cli("serve", str(path), "--bind", f"tcp://127.0.0.1:{free_port()}", "--insecure",
+               "--join-timeout", "1", "--out", str(out), "--quiet")  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "no honest client took part in default" in done.stderr
+    assert "6 of 6 clients never joined" in done.stderr and "Traceback" not in done.stderr
+    res = results(out)
+    rep = res["variants"]["default"]["repeats"][0]
+    assert rep["transport"]["clients"] == rep["transport"]["clients_missing"] == 6
+    assert res["not_as_asked"] == ["default repeat 0: 6 of 6 clients never joined (no worker "
+                                   "hosted them)"]  # fmt: skip
+    summary = (out / "summary.md").read_text()
+    assert "**Not as asked**: default repeat 0: 6 of 6 clients never joined" in summary
+
+
+def test_workers_that_lost_a_stalled_server_get_their_run_back(tmp_path, mq2008_dir):
+    """The server stops answering for longer than the workers' heartbeat timeout (as under a
+    junk flood): they drop their clients and say hello again. The old server welcomed them
+    without resending the run and never counted them lost, so every later round waited its
+    full deadline with no reply. Now their clients crash, rejoin, and the run says so."""
+    path = write_scenario(tmp_path / "z.toml", mq2008_dir, rounds=24, deadline=1.0, round_gap=0.2)
+    port, out = free_port(), tmp_path / "out"
+    server = spawn("serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure",
+                   "--out", str(out), "--quiet", "--heartbeat-timeout", "60",
+                   log=tmp_path / "serve.log")  # fmt: skip
+    join = ["join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure",
+            "--heartbeat-timeout", "4"]  # fmt: skip
+    w0 = spawn(*join, "--agents", "client-0..client-2", log=tmp_path / "w0.log")
+    w1 = spawn(*join, "--agents", "client-3..client-5", log=tmp_path / "w1.log")
+    try:
+        wait_for(lambda: max(replies_per_round(out), default=0) >= 3, what="round 3")
+        server.send_signal(signal.SIGSTOP)
+        wait_for(lambda: "server_lost" in (tmp_path / "w0.log").read_text()
+                 and "server_lost" in (tmp_path / "w1.log").read_text(),
+                 timeout=30, what="the workers to give the server up")  # fmt: skip
+        server.send_signal(signal.SIGCONT)
+        assert server.wait(timeout=120) == 0
+        assert w0.wait(timeout=30) == 0 and w1.wait(timeout=30) == 0
+    finally:
+        for p in (server, w0, w1):
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGCONT)
+            p.kill()
+    replied = replies_per_round(out)
+    assert sorted(replied) == list(range(1, 25))
+    assert replied[24] == 6 and replied[23] == 6  # the clients were back for the last rounds
+    lost = [e for e in events(out) if e["event"] == "worker_lost"]
+    assert len(lost) == 2 and all(e["crashed"] == 3 for e in lost)
+    res = results(out)
+    rep = res["variants"]["default"]["repeats"][0]
+    assert rep["transport"]["clients_lost"] == 6
+    assert "6 of 6 clients were lost with their worker" in (out / "summary.md").read_text()
 
 
 def test_server_resume_with_workers_left_running_gives_the_uninterrupted_result(

@@ -47,6 +47,7 @@ OWN_KEYS = (
     "complete",
     "nothing_learned",
     "nothing_measured",
+    "not_as_asked",
     "equal_time",
     "equal_interactions",
 )
@@ -120,6 +121,39 @@ def nothing_measured(variants: dict[str, list[dict]]) -> dict[str, int]:
     """Variants with repeats that measured nothing, and how many such repeats each has."""
     counts = {name: sum(map(measured_nothing, reps)) for name, reps in variants.items()}
     return {name: n for name, n in counts.items() if n}
+
+
+def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
+    """What a distributed run did not do as planned, from its repeats' transport facts:
+    ``lines`` one sentence per repeat with clients no worker hosted (they never took part),
+    hosted only after round 1 or lost with their worker mid-run (they missed rounds);
+    ``no_clients`` the variants with a repeat in which no honest client took part, so nothing
+    was measured."""
+    lines: list[str] = []
+    none: list[str] = []
+    for name, entry in variants.items():
+        for i, rep in enumerate(entry["repeats"]):
+            t = rep.get("transport") or {}
+            n, missing = t.get("clients", 0), t.get("clients_missing", 0)
+            late, lost = t.get("clients_late", 0), t.get("clients_lost", 0)
+            where = f"{name} repeat {rep.get('repeat', i)}"
+            if missing:
+                lines.append(
+                    f"{where}: {missing} of {n} clients never joined (no worker hosted them)"
+                )
+                if missing >= n and name not in none:
+                    none.append(name)
+            if late:
+                lines.append(
+                    f"{where}: {late} of {n} clients joined only after round 1 (their worker "
+                    "came late: they missed rounds)"
+                )
+            if lost:
+                lines.append(
+                    f"{where}: {lost} of {n} clients were lost with their worker during the run "
+                    "(they missed rounds)"
+                )
+    return {"lines": lines, "no_clients": none}
 
 
 def _curve(repeats: list[dict], metric: str) -> dict:
@@ -264,6 +298,8 @@ def render_summary_md(results: dict) -> str:
     elif notes:
         status += "; " + "; ".join(notes)
     lines.append(f"Seed {results.get('seed')}; {total} repeats finished; run {status}.")
+    for line in not_as_asked(variants)["lines"]:
+        lines.append(f"**Not as asked**: {line}.")
     for data in _datasets(results.get("config") or {}):
         lines.append(f"Dataset: {data}.")
     lines.append(
@@ -472,6 +508,9 @@ class ResultsWriter(Observer):
             "nothing_learned": nothing_learned(summaries),
             "nothing_measured": nothing_measured(variants),
         }
+        unmet = not_as_asked(res["variants"])["lines"]
+        if unmet:
+            res["not_as_asked"] = unmet
         if is_timed(variants):  # asynchronous variants: at equal simulated time, interactions
             for axis, key in AXES.items():
                 res[key] = at_common(variants, self.metric, axis)

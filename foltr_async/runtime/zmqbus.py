@@ -35,8 +35,16 @@ them. Frames of another run than the current one are dropped (``stale_run``).
 Security: CurveZMQ. The hub has a key pair and an allow-list of worker public keys checked by a
 ZAP handler; an unknown key is refused at the handshake and logged (``auth_refused``), and the
 refused worker sees ``EVENT_HANDSHAKE_FAILED_AUTH`` and stops with a one-line error. Plaintext
-only when asked for (``security=None``). The hub caps frames at ``ZMQ_MAXMSGSIZE`` (a peer
-sending more is disconnected by libzmq); below that, the codec's size limit drops and counts.
+only when asked for (``security=None``).
+
+Limits (``WireLimits``, derived by the server from the run): what one peer can make the hub hold
+is at most ``hwm`` frames of at most ``frame`` bytes (``ZMQ_MAXMSGSIZE``: libzmq disconnects a
+peer that sends more); below that, the codec's size limit drops and counts data. A control frame
+from a peer that has not said hello must be a hello of at most ``hello`` bytes claiming at most
+``clients`` clients; every control frame is unpacked with msgpack's length limits, so a few bytes
+cannot ask for millions of objects. The receive loop handles at most ``batch`` frames per turn of
+the event loop, so a flood of junk costs counters, not heartbeats. Sends to a worker whose queue
+is full are dropped and counted (``send_queue_full``), never queued without bound.
 """
 
 from __future__ import annotations
@@ -85,8 +93,10 @@ from foltr_async.runtime.codec import (
 from foltr_async.runtime.network import NetworkModel
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "HUB_CONTROL",
     "Hub",
+    "WireLimits",
     "HubBus",
     "ServerKeys",
     "TransportError",
@@ -106,9 +116,68 @@ log = structlog.get_logger()
 _RUN = struct.Struct("<Id")
 _ARRAY_EXT = 42
 ZAP_DOMAIN = b"foltr"
-#: Hard cap on one frame: libzmq disconnects a peer that sends more (memory safety); the codec's
-#: ``max_bytes`` (smaller) drops and counts below it.
-FRAME_CAP = 4 * DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What the hub accepts from one peer; the defaults fit a run of unknown size, a server
+    derives tighter ones from its scenario (``distributed.wire_limits``)."""
+
+    #: largest frame (libzmq disconnects a peer sending more): the largest legal message
+    frame: int = DEFAULT_MAX_BYTES
+    #: largest data message (the codec drops and counts bigger ones)
+    message: int = DEFAULT_MAX_BYTES
+    #: frames a peer may have queued at the hub (libzmq receive high-water mark); a worker
+    #: sending faster waits (its own queue holds the rest), it loses nothing
+    hwm: int = 256
+    #: frames the hub queues for one worker before it drops (and counts) more
+    send_hwm: int = 100_000
+    #: largest control frame from a peer that has not said hello
+    hello: int = 64 * 1024
+    #: most clients a hello may claim (client numbers below this)
+    clients: int = 1 << 20
+    #: most items of one msgpack array or map in a control message
+    items: int = 1 << 16
+    #: frames handled per turn of the event loop before the hub yields
+    batch: int = 64
+    #: seconds between two log lines of a repeated warning (refusals, dropped frames)
+    log_every: float = 10.0
+
+    @property
+    def held(self) -> int:
+        """Bytes one peer can make the hub hold in its receive queue."""
+        return self.hwm * self.frame
+
+
+DEFAULT_LIMITS = WireLimits()
+
+
+class _RateLog:
+    """A warning that may repeat a million times: the first occurrence is logged at once, later
+    ones as one line per ``every`` seconds with how many there were since the last line."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._pending: dict[str, tuple[str, int]] = {}  # key -> (event, occurrences not logged)
+
+    def __call__(self, event: str, reason: str, **fields: Any) -> bool:
+        """Log ``event`` for ``reason`` now or count it; True when a line was written."""
+        n = self._pending.pop(reason, (event, 0))[1] + 1
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self.every:
+            self._pending[reason] = (event, n)
+            return False
+        self._last[reason] = now
+        log.warning(event, reason=reason, count=n, **fields)
+        return True
+
+    def flush(self) -> None:
+        """One last line per reason with occurrences not logged yet (at the end of a run)."""
+        for reason, (event, n) in sorted(self._pending.items()):
+            log.warning(event, reason=reason, count=n)
+        self._pending.clear()
 
 
 class TransportError(FoltrError):
@@ -148,10 +217,21 @@ def pack_control(msg: dict) -> bytes:
     return msgpack.packb(msg, default=_default, use_bin_type=True)
 
 
-def unpack_control(data: bytes) -> dict:
-    """Inverse of ``pack_control``; raises ValueError for anything that is not a control map."""
+def unpack_control(data: bytes, items: int | None = None) -> dict:
+    """Inverse of ``pack_control``; raises ValueError for anything that is not a control map.
+
+    ``items`` bounds every array's and map's length before it is built: msgpack's own limit
+    is the frame's size, and a 57 MB frame of one-byte items became 60 M objects (4 GB)."""
+    n = len(data) if items is None else items
     try:
-        msg = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+        msg = msgpack.unpackb(
+            data,
+            ext_hook=_ext_hook,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=n,
+            max_map_len=n,
+        )
     except Exception as e:
         raise ValueError(f"undecodable control message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
@@ -169,10 +249,18 @@ HUB_CONTROL: dict[str, Struct] = {
             "claims": ListOf(Int(min=0)),
             "host": Str(),
             "pid": Int(min=0),
+            "run": Int(min=0),  # the run it hosts (0: none), so a restarted host gets its run
         }
     ),
     "hb": Struct({"t": Str()}),
 }
+
+
+def hello_schema(clients: int) -> Struct:
+    """A hello that claims only client numbers of the run (at most ``clients`` of them)."""
+    fields = dict(HUB_CONTROL["hello"].fields)
+    fields["claims"] = ListOf(Int(min=0, max=max(0, clients - 1)), max_len=clients)
+    return Struct(fields)
 
 
 def check_control(msg: dict, schemas: Mapping[str, Spec]) -> str | None:
@@ -602,10 +690,11 @@ class Hub:
     hello; ``on_lost(peer)`` a worker whose heartbeats stopped (or whose connection is gone);
     data frames from introduced peers go to ``bus.from_worker`` (the current run's ``HubBus``).
     Frames that cannot be used are counted in ``dropped`` by reason (``bad_frame``,
-    ``undecodable``, ``bad_control``, ``not_introduced``, ``handler_error``), each reason
-    logged once as a warning (then at debug level): a flood of garbage costs a counter, not a
-    log. Counters: ``refused`` handshakes, ``frames_out`` / ``frames_in``, ``bytes_out`` /
-    ``bytes_in``.
+    ``undecodable``, ``bad_control``, ``not_introduced``, ``oversized_control``,
+    ``handler_error``; frames this end could not queue: ``send_queue_full``), each reason logged
+    as a warning at most once per ``limits.log_every`` seconds with its count: a flood of
+    garbage costs a counter, not a log. Counters: ``refused`` handshakes, ``frames_out`` /
+    ``frames_in``, ``bytes_out`` / ``bytes_in``, ``largest_in`` (the largest frame received).
     """
 
     def __init__(
@@ -619,9 +708,11 @@ class Hub:
         on_lost: Callable[[bytes], None] | None = None,
         on_refused: Callable[[str, str], None] | None = None,
         control: Mapping[str, Spec] = HUB_CONTROL,
+        limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
         self.bind_address = bind
-        self.control_schemas = control
+        self.limits = limits
+        self.control_schemas = {**control, "hello": hello_schema(limits.clients)}
         self.keys = keys
         self.heartbeat = heartbeat
         self.timeout = timeout
@@ -634,7 +725,9 @@ class Hub:
         self.refused = 0
         self.dropped: Counter[str] = Counter()
         self.closing = False
-        self.frames_out = self.frames_in = self.bytes_out = self.bytes_in = 0
+        self.frames_out = self.frames_in = self.bytes_out = self.bytes_in = self.largest_in = 0
+        self.warn = _RateLog(limits.log_every)
+        self._rehello: dict[bytes, float] = {}  # peer -> when it was last asked to say hello
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
@@ -651,8 +744,9 @@ class Hub:
         sock = self._sock = ctx.socket(zmq.ROUTER)
         sock.linger = 0
         sock.router_mandatory = 1
-        sock.maxmsgsize = FRAME_CAP
-        sock.sndhwm = sock.rcvhwm = 1_000_000
+        sock.maxmsgsize = self.limits.frame
+        sock.rcvhwm = self.limits.hwm
+        sock.sndhwm = self.limits.send_hwm
         if self.keys is not None:
             sock.curve_server = True
             sock.curve_publickey = self.keys.public
@@ -691,7 +785,9 @@ class Hub:
             return
         self.frames_out += 1
         self.bytes_out += sum(len(f) for f in frames)
-        fut = sock.send_multipart([peer, *frames])
+        # never wait for room: a worker that does not read its queue (full at ``hwm``) loses
+        # frames, counted, instead of the hub holding them in pending sends without bound
+        fut = sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
 
         def done(f: asyncio.Future) -> None:
             if f.cancelled():
@@ -699,11 +795,15 @@ class Hub:
             err = f.exception()
             if err is None:
                 return
-            log.debug("hub_send_failed", peer=peer, error=repr(err))
             if on_fail is not None:
                 on_fail()
-            if isinstance(err, zmq.ZMQError) and err.errno == zmq.EHOSTUNREACH:
+            if isinstance(err, zmq.Again):
+                self.drop(peer, "send_queue_full", "a worker's queue is full")
+            elif isinstance(err, zmq.ZMQError) and err.errno == zmq.EHOSTUNREACH:
+                log.debug("hub_send_failed", peer=peer, error=repr(err))
                 self._lose(peer)
+            else:
+                log.debug("hub_send_failed", peer=peer, error=repr(err))
 
         fut.add_done_callback(done)
 
@@ -713,25 +813,31 @@ class Hub:
     # ----------------------------------------------------------------- receiving
 
     async def _recv_loop(self) -> None:
-        sock = self._sock
+        """Frames in, at most ``limits.batch`` per turn of the event loop: awaiting a frame that
+        is already queued does not yield, so a flood would otherwise starve the heartbeats and
+        the run (115 k junk frames in 3 s made every worker think the server was gone)."""
+        sock, batch = self._sock, self.limits.batch
         while True:
-            frames = await sock.recv_multipart()
-            try:
-                self._dispatch(frames)
-            except Exception as e:  # a peer's bad frame must never end the hub
-                self.drop(frames[0], "handler_error", f"{type(e).__name__}: {e}")
+            for _ in range(batch):
+                frames = await sock.recv_multipart()
+                try:
+                    self._dispatch(frames)
+                except Exception as e:  # a peer's bad frame must never end the hub
+                    self.drop(frames[0], "handler_error", f"{type(e).__name__}: {e}")
+            await asyncio.sleep(0)
 
     def drop(self, peer: bytes, reason: str, detail: str) -> None:
-        """Count one unusable frame; the first of each reason is a warning, later ones debug."""
+        """Count one unusable frame; a warning per reason at most every ``log_every`` s."""
         self.dropped[reason] += 1
-        say = log.warning if self.dropped[reason] == 1 else log.debug
-        say("hub_frame_dropped", reason=reason, peer=peer[:64], detail=detail[:200])
+        self.warn("hub_frame_dropped", reason, peer=peer[:64], detail=detail[:200])
 
     def _dispatch(self, frames: list[bytes]) -> None:
         if self.closing:
             return
+        size = sum(len(f) for f in frames)
         self.frames_in += 1
-        self.bytes_in += sum(len(f) for f in frames)
+        self.bytes_in += size
+        self.largest_in = max(self.largest_in, size)
         if len(frames) < 2:
             self.drop(frames[0] if frames else b"", "bad_frame", f"{len(frames)} frames")
             return
@@ -758,8 +864,12 @@ class Hub:
         if tag != b"C" or len(frames) != 3:
             self.drop(peer, "bad_frame", f"tag {tag[:8]!r} with {len(frames) - 1} frames")
             return
+        data, limits = frames[2], self.limits
+        if known is None and len(data) > limits.hello:  # checked before anything is unpacked
+            self.drop(peer, "oversized_control", f"{len(data)} bytes before a hello")
+            return
         try:
-            msg = unpack_control(frames[2])
+            msg = unpack_control(data, max(64, limits.clients) if known is None else limits.items)
         except ValueError as e:
             self.drop(peer, "undecodable", str(e))
             return
@@ -769,8 +879,15 @@ class Hub:
             return
         if msg["t"] == "hello":
             self.peers[peer] = _Peer(peer, time.monotonic(), msg)
-        elif known is None:  # not introduced, or declared lost: ask it to introduce itself
-            self.send(peer, [b"C", pack_control({"t": "rehello"})])
+        elif known is None:
+            # not introduced, or declared lost: ask it to introduce itself (at most once a
+            # second, so a stranger's frames are not answered one for one)
+            now = time.monotonic()
+            if now - self._rehello.get(peer, -1.0) >= 1.0:
+                if len(self._rehello) > 1024:
+                    self._rehello.clear()
+                self._rehello[peer] = now
+                self.send(peer, [b"C", pack_control({"t": "rehello"})])
             return
         if msg["t"] == "hb":
             return
