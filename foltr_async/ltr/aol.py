@@ -373,7 +373,10 @@ def load_aol(
     folder = Path(folder)
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise DatasetError(f"{folder}: AOL4FOLTR folder {what} (expected {METADATA}, {LETOR})")
+        raise DatasetError(
+            f"{folder}: AOL4FOLTR folder {what} (expected {METADATA}, {LETOR}; a synthetic "
+            "sample in that layout: python tools/make_aol_sample.py FOLDER)"
+        )
     meta, letor = folder / METADATA, folder / LETOR
     for f in (meta, letor):
         if not f.is_file():
