@@ -28,6 +28,9 @@ class ProtocolEntry:
     #: ``RunContext.params`` returns
     params: type
     build: Callable[..., Any]
+    #: its authors' MLP ranker choices (``activation``, ``init``), used where the scenario's
+    #: ``[ranker]`` leaves them unset
+    mlp: dict[str, str] = field(default_factory=dict)
 
     @property
     def fields(self) -> dict[str, Field]:
