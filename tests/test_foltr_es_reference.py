@@ -14,6 +14,7 @@ from foltr_async.observe.observer import Observer
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Simulation
+from protocols.fpdgd import batch_kind
 
 N_FEATURES = 46  # MQ2008
 
@@ -83,6 +84,8 @@ def test_the_relu_network_scores_by_hand():
         net.set_params(down)
         f_down = weights @ net.score(x)
         assert g[i] == pytest.approx((f_up - f_down) / (2 * h), abs=1e-6), i
+    # FPDGD's batched trainer computes tanh networks: a ReLU one trains through ``grad``
+    assert batch_kind(net) is None and batch_kind(MLPRanker(2, (2,), init="zero")) == ("mlp", 2)
 
 
 def test_gradient_and_adam_steps_by_hand(mq2008_dir):
