@@ -2,9 +2,9 @@
 
 Round: the server broadcasts ``foltr_es.model``; each client draws a seed, perturbs the model by
 e ~ N(0, sigma^2 I) generated from that seed, serves half its B queries with theta + e and the other
-half with theta - e (antithetic variates; deterministic ranking: sort by score), measures the mean
-MaxRR@10 of each half from its users' clicks, privatises it and replies ``foltr_es.seed_metric``
-with only (seed, metric, antithetic metric). The server regenerates every e from its seed,
+half with theta - e (antithetic variates; deterministic ranking: sort by score), measures each
+interaction's MaxRR@10 from its users' clicks, privatises it and replies ``foltr_es.seed_metric``
+with only (seed, metric, antithetic metric): the means of the two halves. The server regenerates every e from its seed,
 estimates the gradient of the expected metric as (1 / (N sigma^2)) sum 1/2 (m+ - m-) e and takes
 an Adam ascent step (the reference code minimises the negated estimate: the same step).
 
@@ -20,8 +20,8 @@ The authors' choices this module follows (their public code, facebookresearch/fo
 settings of its MQ2007/MQ2008 notebooks): rankers without randomness at the start, the linear
 one (no bias) and the two-layer one (``ranker.kind = "mlp"``, ``hidden = [10]``: ReLU hidden
 units with biases, a linear output without bias) with every parameter 0, the protocol's default
-``ranker.activation = "relu"`` / ``ranker.init = "zero"``; a deterministic sort by score (ties: by
-document order here, by numpy's unstable sort there), the cascade users examining the top 10;
+``ranker.activation = "relu"`` / ``ranker.init = "zero"``; a deterministic sort by score (ties: in
+document order here, reversed there: ``np.argsort(scores)[::-1]``), the users examining the top 10;
 MaxRR@10 from the clicks; sigma 0.01; antithetic halves of B // 2 queries; the gradient above
 with 1 / (N sigma^2) and the 1/2 of the antithetic pair; Adam with lr 1e-3, betas (0.9, 0.999),
 eps 1e-8; each query drawn uniformly, with replacement, from the whole training set
