@@ -32,6 +32,9 @@ class ProtocolEntry:
     #: (``simulation.model_message_bytes`` for model-sized messages); a ZeroMQ server refuses
     #: bigger frames. None: unknown, the codec's 16 MB limit applies.
     wire_bytes: Callable[[dict, Any], int] | None = None
+    #: its authors' MLP ranker choices (``activation``, ``init``), used where the scenario's
+    #: ``[ranker]`` leaves them unset
+    mlp: dict[str, str] = field(default_factory=dict)
 
     @property
     def fields(self) -> dict[str, Field]:

@@ -254,7 +254,14 @@ class RunContext:
 
     def new_ranker(self):
         r = self.cfg["ranker"]
-        kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
+        kw = {}
+        if r["kind"] == "mlp":
+            own = REGISTRY.protocols[self.cfg["federation"]["protocol"]].mlp
+            kw = {"hidden": tuple(r["hidden"])}
+            for key in ("activation", "init"):
+                value = r.get(key) or own.get(key)
+                if value:
+                    kw[key] = value
         return make_ranker(r["kind"], self.data.train.n_features, rng=self.rng("ranker-init"), **kw)
 
     def compute_scale(self, agent_id: str) -> float:

@@ -25,7 +25,9 @@ FPDGD (taps ``fpdgd.model`` to the targets and ``fpdgd.update`` from them):
 
 FOLtR-ES (taps ``foltr_es.seed_metric`` from the targets): the guess of a client's true MaxRR
 level is the level it sent (the MAP guess when p > 1/n); its hit rate is compared with the
-randomised-response bound e^eps / (e^eps + n - 1) (= p, n = 11 levels). A Bayesian guess that
+randomised-response bound e^eps / (e^eps + n - 1) (= p, n = 11 levels). Only values that are one
+privatised level are scored: a half of one interaction, or any half under ``privatise = "mean"``;
+a mean of several privatised interactions is counted as ``averaged``. A Bayesian guess that
 first estimates the level prior from the observed messages (inverting the randomised response,
 p is public) is reported too: the local-DP bound is for a uniform prior, and real MaxRR levels are
 far from uniform (no click is common), so a prior-aware adversary can beat it.
@@ -289,6 +291,9 @@ class ESEavesdropper(TapEavesdropper):
         n = len(foltr_es.LEVELS)
         self.confusion = np.zeros((n, n), dtype=np.int64)  # [sent level, true level]
         self.missed = 0
+        self.per_interaction = ctx.params.privatise == "interaction"
+        self.antithetic = ctx.params.antithetic
+        self.averaged = 0  # values that are means of several privatised interactions
 
     def observe(self, header, data: bytes) -> None:
         truth = self.probe.oracle.get((foltr_es.SEED_METRIC, header.src))
@@ -296,8 +301,21 @@ class ESEavesdropper(TapEavesdropper):
             self.missed += 1
             return
         body = decode(data).body
-        sent = [v for v in (body["metric"], body["antithetic_metric"]) if v is not None]
-        true = np.asarray(truth[1:], dtype=np.float64)[: len(sent)]
+        b = body["n_interactions"]
+        sizes = (b - b // 2, b // 2) if self.antithetic else (b,)
+        pairs = [
+            (v, t, size)
+            for v, t, size in zip(
+                (body["metric"], body["antithetic_metric"]), truth[1:], sizes, strict=False
+            )
+            if v is not None
+        ]
+        single = [(v, t) for v, t, size in pairs if size == 1 or not self.per_interaction]
+        self.averaged += len(pairs) - len(single)
+        if not single:
+            return
+        sent = [v for v, _ in single]
+        true = np.array([t for _, t in single], dtype=np.float64)
         levels = foltr_es.LEVELS
         s = np.argmin(np.abs(levels[None, :] - np.asarray(sent)[:, None]), axis=1)
         t = np.argmin(np.abs(levels[None, :] - true[:, None]), axis=1)
@@ -317,6 +335,7 @@ class ESEavesdropper(TapEavesdropper):
             "bound": bound,
             "bayes_guess_rate": bayes_guess_rate(self.confusion, self.p) if total else None,
             "true_level_share_zero": float(self.confusion[:, 0].sum()) / total if total else None,
+            "averaged": self.averaged,
             "missed": self.missed,
         }
 

@@ -2,23 +2,36 @@
 
 Round: the server broadcasts ``foltr_es.model``; each client draws a seed, perturbs the model by
 e ~ N(0, sigma^2 I) generated from that seed, serves half its B queries with theta + e and the other
-half with theta - e (antithetic variates; deterministic ranking: sort by score), measures the mean
-MaxRR@10 of each half from its users' clicks, privatises it and replies ``foltr_es.seed_metric``
-with only (seed, metric, antithetic metric). The server regenerates every e from its seed,
-estimates the gradient of the expected metric as (1 / (N sigma^2)) sum 1/2 (m+ - m-) e and takes
-an Adam ascent step (the reference code minimises the negated estimate: the same step).
+half with theta - e (antithetic variates; deterministic ranking: sort by score), measures each
+interaction's MaxRR@10 from its users' clicks, privatises it and replies ``foltr_es.seed_metric``
+with only (seed, metric, antithetic metric): the means of the two halves. The server
+regenerates every e from its seed, estimates the gradient of the expected metric as
+(1 / (N sigma^2)) sum 1/2 (m+ - m-) e and takes an Adam ascent step (the reference code
+minimises the negated estimate: the same step).
 
-Privatisation (the paper's randomised response): the client's mean MaxRR is first rounded to the
-nearest of the n = 11 MaxRR values {0, 1/10, ..., 1/2, 1} (the mean over several queries is not
-one of them; this rounding is our documented choice); the true level is kept with probability p,
-otherwise one of the other n - 1 levels is sent, uniformly. That is epsilon-locally private with
-epsilon = log(p (n - 1) / (1 - p)) per release (infinite for p = 1). A round's message makes two
-releases (m+ and m-, one with ``antithetic = false`` or a batch of 1), each of a whole half of
-the client's round, and every message the server receives counts, aggregated or not (local DP:
-the release is the message). The reference implementation (facebookresearch/foltr-es) instead
-privatises every interaction's MaxRR and sends the mean of the B/2 privatised values: epsilon per
-interaction, but B/2 releases per half, B epsilon for a client's whole round; here one release
-covers a half: epsilon per interaction too, 2 epsilon per client and round.
+Privatisation (the paper's randomised response over the n = 11 MaxRR@10 values {0, 1/10, ...,
+1/2, 1}): the true value is kept with probability p, otherwise one of the other n - 1 values is
+sent, uniformly; epsilon = log(p (n - 1) / (1 - p)) per privatised value (infinite for p = 1).
+By default (``privatise = "interaction"``) every interaction's MaxRR is privatised and the half's
+mean of the privatised values is sent, as the authors' code does; ``privatise = "mean"`` (our
+extension) rounds the half's true mean to the nearest level and privatises that once, so a client
+releases two values per round instead of B (that rounding biases the metric even at p = 1).
+Every message the server receives counts, aggregated or not (local DP: the release is the
+message).
+
+The authors' choices this module follows (their public code, facebookresearch/foltr-es; the
+settings of its MQ2007/MQ2008 notebooks): rankers without randomness at the start, the linear
+one (no bias) and the two-layer one (``ranker.kind = "mlp"``, ``hidden = [10]``: ReLU hidden
+units with biases, a linear output without bias) with every parameter 0, the protocol's default
+``ranker.activation = "relu"`` / ``ranker.init = "zero"``; a deterministic sort by score (ties: in
+document order here, reversed there: ``np.argsort(scores)[::-1]``), the users examining the top 10;
+MaxRR@10 from the clicks; sigma 0.01; antithetic halves of B // 2 queries; the gradient above
+with 1 / (N sigma^2) and the 1/2 of the antithetic pair; Adam with lr 1e-3, betas (0.9, 0.999),
+eps 1e-8; each query drawn uniformly, with replacement, from the whole training set
+(``federation.data = "shared"``); features as the files hold them (``dataset.normalise`` false);
+evaluation by the expected MaxRR@10 of the global ranker over every held-out query
+(``maxrr@10``; nDCG@10 beside it). Their MQ2008 runs: 2,000 clients, B = 4, 2,000,000
+interactions (250 rounds), p = 1.0 (0.9 for MQ2007).
 """
 
 from __future__ import annotations
@@ -71,6 +84,11 @@ class Params:
     lr: float = param(0.001, "Adam learning rate", min=0.0)
     p: float = param(1.0, "privatisation: probability of sending the true metric", min=0.0, max=1.0)
     antithetic: bool = param(True, "serve half the queries with theta - e")
+    privatise: str = param(
+        "interaction",
+        "randomised response on each interaction's MaxRR (the authors') or once on the half's mean",
+        choices=("interaction", "mean"),
+    )
     metric: str = param("maxrr", "click metric", choices=("maxrr", "dcg"))
     accounting_delta: float = param(
         1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
@@ -109,7 +127,8 @@ def epsilon_bound(p: float, n: int = len(LEVELS)) -> float:
 
 
 def privatise(value: float, p: float, rng: np.random.Generator) -> float:
-    """Round to the nearest MaxRR level; keep it with probability p, else a uniform other level."""
+    """Round to the nearest MaxRR level; keep it with probability p, else a uniform other level
+    (one interaction's MaxRR is a level already: rounding leaves it as it is)."""
     return respond(value, response_draw(p, rng))
 
 
@@ -141,6 +160,8 @@ class ESClient(OnlineClient):
             p.antithetic,
             p.metric,
         )
+        #: the randomised response applies to every interaction (else once to each half's mean)
+        self.per_interaction = p.metric == "maxrr" and p.privatise == "interaction"
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
         batched = isinstance(self.ranker, LinearRanker) and isinstance(
             self.users.click_model, CascadeModel
@@ -155,15 +176,20 @@ class ESClient(OnlineClient):
         if n == 0:
             return None
         self.ranker.set_params(theta)
-        train, total = self.users.train, 0.0
+        train, total, sent = self.users.train, 0.0, 0.0
         for _ in range(n):
             q = self.users.next_query()
             scores = self.ranker.score(train.features[train.doc_range(q)])
             ranking = np.argsort(-scores, kind="stable")[:K]
             clicks = self.users.show(q, ranking)
-            total += maxrr(clicks, K) if self.metric == "maxrr" else dcg_at_k(clicks, K)
+            value = maxrr(clicks, K) if self.metric == "maxrr" else dcg_at_k(clicks, K)
+            total += value
+            if self.per_interaction:
+                sent += privatise(value, self.p, self.rng)
         value = total / n
         self.truth.append(value)  # oracle: the metric before privatisation
+        if self.per_interaction:
+            return sent / n
         return privatise(value, self.p, self.rng) if self.metric == "maxrr" else value
 
     def serve_job(self, plus: np.ndarray, minus: np.ndarray, n_minus: int) -> ServeJob:
@@ -213,7 +239,8 @@ def _serve_jobs(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]]
     """The pool's batch function: ``ESClient._serve`` of both halves of every job, at once.
 
     Each client's generator is drawn from exactly as ``_serve`` would (per query the query
-    number, then the click uniforms; after a half, the randomised response), so the draws are
+    number, then the click uniforms, then its randomised response when every interaction is
+    privatised; else after a half, the half's response), so the draws are
     made first and the serving, done by ``serve_linear`` for all rows together, is equal to the
     sequential one. Per client its users record the shown nDCGs in order, and the half's metric
     is summed in the sequential order before privatisation.
@@ -246,6 +273,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
     which: list[int] = []
     uniforms: list[np.ndarray] = []
     weights: list[np.ndarray] = []
+    drawn_rows: list[int | None] = []  # per row its response (per-interaction privatisation)
     halves: list[list[tuple[int, int, int | None] | None]] = []  # (first row, rows, response)
     for job in jobs:
         client = job.client
@@ -260,8 +288,10 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
                 queries.append(q)
                 which.append(len(weights))
                 uniforms.append(rng.random(2 * shown_len[q]))  # random((2, m)), raveled
+                drawn_rows.append(response_draw(client.p, rng) if client.per_interaction else None)
             weights.append(theta)
-            drawn = response_draw(client.p, rng) if client.metric == "maxrr" else None
+            once = client.metric == "maxrr" and not client.per_interaction
+            drawn = response_draw(client.p, rng) if once else None
             mine.append((first, n, drawn))
         halves.append(mine)
     served = serve_linear(
@@ -287,12 +317,17 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
             first, n, drawn = half
             for v in shown[first : first + n]:
                 client.users.record(v)
-            total = 0.0
-            for v in metric[first : first + n].tolist():
+            total, privatised = 0.0, 0.0
+            for row, v in enumerate(metric[first : first + n].tolist(), first):
                 total += v
+                if client.per_interaction:
+                    privatised += respond(v, drawn_rows[row])
             value = total / n
             client.truth.append(value)  # oracle: the metric before privatisation
-            sent.append(respond(value, drawn) if client.metric == "maxrr" else value)
+            if client.per_interaction:
+                sent.append(privatised / n)
+            else:
+                sent.append(respond(value, drawn) if client.metric == "maxrr" else value)
         out.append((sent[0], sent[1]))
     return out
 
@@ -362,13 +397,17 @@ class FOLtRES(ProtocolRun):
         return {"privacy": privacy}
 
     def accounting(self) -> dict:
-        """Each client's local-DP epsilon over its randomised-response releases (m+ and, with
-        antithetic variates and a batch of 2 or more, m-), by basic composition, RDP, PLD."""
+        """Each client's local-DP epsilon over its randomised-response releases, by basic
+        composition, RDP, PLD: per round taken part in, one per interaction (its B), or with
+        ``privatise = "mean"`` one per half (m+ and, with antithetic variates, m-)."""
         cfg, p = self.ctx.cfg, self.ctx.params
         n = cfg["federation"]["clients"] + self.ctx.n_malicious
 
         def per_round(client: str) -> int:
-            return 2 if p.antithetic and self.ctx.batch_of(client) >= 2 else 1
+            b = self.ctx.batch_of(client)
+            if p.privatise == "interaction":
+                return b
+            return 2 if p.antithetic and b >= 2 else 1
 
         every, last = cfg["evaluation"]["every"], self.last_round
         return account(
@@ -388,5 +427,6 @@ REGISTRY.add(
         Params,
         FOLtRES,
         wire_bytes=model_message_bytes,
+        mlp={"activation": "relu", "init": "zero"},
     )
 )

@@ -319,10 +319,10 @@ def replayed(ctx: RunContext, what: str, n: int = 1) -> None:
 
 def batch_kind(ranker) -> tuple | None:
     """Which batched trainer a ranker's learner goes to: ("linear",), ("mlp", hidden units)
-    for a one-hidden-layer MLP, None for the one-query-at-a-time path."""
+    for a one-hidden-layer tanh MLP, None for the one-query-at-a-time path."""
     if isinstance(ranker, LinearRanker):
         return ("linear",)
-    if isinstance(ranker, MLPRanker) and len(ranker.hidden) == 1:
+    if isinstance(ranker, MLPRanker) and len(ranker.hidden) == 1 and ranker.activation == "tanh":
         return ("mlp", ranker.hidden[0])
     return None
 

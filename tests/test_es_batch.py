@@ -88,7 +88,7 @@ def simulate(cfg, batched: bool, monkeypatch):
 @pytest.mark.parametrize(
     ("params", "staggered"),
     [({}, False), ({"p": 0.7}, False), ({"metric": "dcg", "antithetic": False}, False),
-     ({"p": 0.7}, True)],
+     ({"p": 0.7}, True), ({"p": 0.7, "privatise": "mean"}, False)],
 )  # fmt: skip
 def test_foltr_es_run_is_equal_batched_or_one_query_at_a_time(
     mq2008_dir, monkeypatch, params, staggered

@@ -100,10 +100,12 @@ max_test_queries = 20
 federation = { participation = 0.5, params = { dp = true, epsilon = 2.3, sensitivity = 3.0 } }
 [variants.es]
 federation = { protocol = "foltr_es", params = { p = 0.9 } }
+[variants.es_mean]
+federation = { protocol = "foltr_es", params = { p = 0.9, privatise = "mean" } }
 """
 
 
-@pytest.mark.parametrize("variant", ["dp", "es"])
+@pytest.mark.parametrize("variant", ["dp", "es", "es_mean"])
 def test_runs_report_epsilon_per_client_per_run_and_over_rounds(tmp_path, variant):
     path = tmp_path / "p.toml"
     path.write_text(SCENARIO)
@@ -111,8 +113,9 @@ def test_runs_report_epsilon_per_client_per_run_and_over_rounds(tmp_path, varian
     result = run(Simulation(cfg, 2, Observer()).run())
     privacy = result["privacy"]
     assert privacy["curve"]["rounds"] == result["rounds"] == [3, 6]
-    per_round = 2 if variant == "es" else 1
+    # FOLtR-ES privatises each of its B = 4 interactions, or once per antithetic half;
     # FPDGD's L2 clipping: two clients' weights differ by up to sqrt(d) Delta in L1
+    per_round = {"dp": 1, "es": 4, "es_mean": 2}[variant]
     eps = 2.3 * math.sqrt(46) if variant == "dp" else math.log(90.0)
     counts = [c["rounds"] for c in privacy["per_client"].values()]
     assert privacy["run"]["basic"] == pytest.approx(max(counts) * per_round * eps)

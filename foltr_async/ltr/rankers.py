@@ -103,11 +103,20 @@ class LinearRanker(Ranker):
 
 
 class MLPRanker(Ranker):
-    """A tanh multi-layer perceptron with a linear output (the PDGD paper's neural ranker).
+    """A multi-layer perceptron with a linear output.
 
     Flat layout: for each hidden layer ``W (in, out)`` then ``b (out,)``; the output layer is
     ``w (last_hidden,)`` without bias, since a constant shift never changes a ranking.
+
+    ``activation`` "tanh" with ``init`` "glorot" (Glorot-uniform weights, zero biases: tanh starts
+    near-linear) is the PDGD paper's neural ranker; "relu" with "zero" (every parameter 0) is
+    FOLtR-ES's two-layer ranker (Kharitonov, WSDM 2019, as its authors' code builds it): ES
+    perturbs all the parameters at once, so it needs no random start, whereas a gradient
+    through a zero network would vanish.
     """
+
+    ACTIVATIONS = ("tanh", "relu")
+    INITS = ("glorot", "zero")
 
     def __init__(
         self,
@@ -115,12 +124,19 @@ class MLPRanker(Ranker):
         hidden: tuple[int, ...] | list[int] = (64,),
         rng: np.random.Generator | None = None,
         init_scale: float = 1.0,
+        activation: str = "tanh",
+        init: str = "glorot",
     ) -> None:
         hidden = tuple(int(h) for h in hidden)
         if not hidden or min(hidden) < 1:
             raise ValueError(f"hidden must list one or more positive layer sizes, got {hidden}")
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {self.ACTIVATIONS}, got {activation!r}")
+        if init not in self.INITS:
+            raise ValueError(f"init must be one of {self.INITS}, got {init!r}")
         self.n_features = int(n_features)
         self.hidden = hidden
+        self.activation = activation
         sizes = (self.n_features, *hidden)
         shapes: list[tuple[str, tuple[int, ...]]] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
@@ -136,8 +152,7 @@ class MLPRanker(Ranker):
             self._views[name] = self._flat[start : start + size].reshape(shape)
             self._slices[name] = slice(start, start + size)
             start += size
-        if rng is not None:
-            # Glorot-uniform weights, zero biases: small enough that tanh starts near-linear.
+        if init == "glorot" and rng is not None:
             for name, shape in shapes:
                 if name.endswith(".b"):
                     continue
@@ -164,7 +179,8 @@ class MLPRanker(Ranker):
     def _forward(self, features: np.ndarray) -> list[np.ndarray]:
         acts = [np.asarray(features, dtype=np.float64)]
         for W, b in self._weights():
-            acts.append(np.tanh(acts[-1] @ W + b))
+            pre = acts[-1] @ W + b
+            acts.append(np.tanh(pre) if self.activation == "tanh" else np.maximum(pre, 0.0))
         return acts
 
     def _score(self, features: np.ndarray) -> np.ndarray:
@@ -179,7 +195,8 @@ class MLPRanker(Ranker):
         # delta = d(sum w_i s_i) / d(activation) of the current layer, one row per document
         delta = w[:, None] * self._views["output.w"][None, :]
         for i in range(len(self.hidden) - 1, -1, -1):
-            dpre = delta * (1.0 - acts[i + 1] ** 2)
+            a = acts[i + 1]
+            dpre = delta * ((1.0 - a**2) if self.activation == "tanh" else (a > 0.0))
             g[self._slices[f"hidden{i}.W"]] = (acts[i].T @ dpre).ravel()
             g[self._slices[f"hidden{i}.b"]] = dpre.sum(axis=0)
             if i:
@@ -187,7 +204,7 @@ class MLPRanker(Ranker):
         return g
 
     def copy(self) -> MLPRanker:
-        other = MLPRanker(self.n_features, self.hidden)
+        other = MLPRanker(self.n_features, self.hidden, activation=self.activation, init="zero")
         other.set_params(self._flat)
         return other
 
@@ -198,13 +215,13 @@ RANKER_KINDS = ("linear", "mlp")
 def make_ranker(
     kind: str, n_features: int, rng: np.random.Generator | None = None, **kw
 ) -> LinearRanker | MLPRanker:
-    """Build a ranker by the name a scenario gives; the MLP needs ``rng`` for its random init."""
+    """Build a ranker by the name a scenario gives; a Glorot MLP needs ``rng`` for its init."""
     if kind == "linear":
         if kw:
             raise ValueError(f"linear ranker takes no options, got {sorted(kw)}")
         return LinearRanker(n_features)
     if kind == "mlp":
-        if rng is None:
+        if rng is None and kw.get("init", "glorot") == "glorot":
             raise ValueError("mlp ranker needs an rng (numpy Generator) for its initial weights")
         return MLPRanker(n_features, rng=rng, **kw)
     raise ValueError(f"unknown ranker kind {kind!r}; known: {', '.join(RANKER_KINDS)}")

@@ -69,6 +69,20 @@ SECTIONS: dict[str, dict[str, Field]] = {
     "ranker": {
         "kind": Field(str, "linear", "ranker family", choices=("linear", "mlp")),
         "hidden": Field(list, [64], "MLP hidden layer sizes", items=Field(int, min=1)),
+        "activation": Field(
+            str,
+            None,
+            "MLP hidden units (default: the protocol's, else tanh)",
+            choices=("tanh", "relu"),
+            nullable=True,
+        ),
+        "init": Field(
+            str,
+            None,
+            "MLP initial weights: glorot or all zero (default: the protocol's, else glorot)",
+            choices=("glorot", "zero"),
+            nullable=True,
+        ),
     },
     "clicks": {
         "model": Field(
