@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import dcg_at_k, maxrr
@@ -39,7 +40,6 @@ from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.online import ModelStrategy, OnlineClient
 from protocols.users import K
 

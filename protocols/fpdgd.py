@@ -42,6 +42,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
@@ -60,7 +61,6 @@ from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.online import ModelStrategy
 from protocols.users import K, Users
 

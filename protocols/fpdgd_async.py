@@ -33,12 +33,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.fpdgd import MODEL, UPDATE, FPDGDClient
 from protocols.noniid import RemedyLearner
 

@@ -69,6 +69,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foltr_async.contract import (
+    ClientData,
+    Partition,
+    PartitionEntry,
+    RunContext,
+    assign_queries,
+    evaluate_views,
+    register_partitioner,
+)
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import MODEL_NAMES, cascade
 from foltr_async.ltr.clicks import click_model as make_click_model
@@ -79,15 +88,6 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import handles
 from foltr_async.runtime.codec import Array, register_kind
 from foltr_async.scenario.fields import Field, param, parameters
-from foltr_async.simulation import (
-    ClientData,
-    Partition,
-    PartitionEntry,
-    RunContext,
-    assign_queries,
-    evaluate_views,
-    register_partitioner,
-)
 from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
 from protocols.fpdgd import Params as FPDGDParams
 from protocols.users import K, Users

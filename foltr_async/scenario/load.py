@@ -406,7 +406,7 @@ def _partition(fed: dict[str, Any], where: str, proto) -> None:
             "federation.partition",
             f"no table: protocol {proto.name!r} does not read per-client data",
         )
-    from foltr_async.simulation import partitioner
+    from foltr_async.contract import partitioner
 
     entry = partitioner()
     if entry is None:

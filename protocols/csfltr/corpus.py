@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from foltr_async.contract import RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.sketch import DocSketch, RTKSketch, SketchHashes, top_k
@@ -27,7 +28,6 @@ from foltr_async.ltr.textfeatures import (
 )
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
-from foltr_async.simulation import RunContext
 
 N_FEATURES = len(FEATURE_NAMES)
 T = TypeVar("T")

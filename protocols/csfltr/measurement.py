@@ -18,7 +18,7 @@ from protocols.csfltr.corpus import PartyIndex, PartyText, party_text
 from protocols.csfltr.messages import NAIVE_ANSWER, NAIVE_QUERY, RTK_ANSWER, RTK_QUERY
 
 if TYPE_CHECKING:
-    from foltr_async.simulation import Probe
+    from foltr_async.contract import Probe
     from protocols.csfltr.server import CSFLTR
 
 MEASURED = "csfltr.measured"  # probe extras key of the parties' raw measurements

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.engine import Strategy
-from foltr_async.simulation import ProtocolRun, RunContext
 from protocols.csfltr.corpus import (
     N_FEATURES,
     PartyIndex,

@@ -1,0 +1,106 @@
+"""The import graph of the project's packages: no cycle, and the dependency direction holds.
+
+Every ``import`` statement counts, at module level or inside a function (a function-level
+import is still a dependency, it only runs later). Module names come from the folders and
+pyproject.toml's ``package-dir`` (``protocols/`` installs as ``foltr_async.protocols``).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("foltr_async", "protocols", "benchmarks")
+
+
+def package_names() -> dict[str, str]:
+    """Folder -> the package name it installs as."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    dirs = cfg["tool"].get("setuptools", {}).get("package-dir", {})
+    by_folder = {folder: name for name, folder in dirs.items()}
+    return {folder: by_folder.get(folder, folder) for folder in FOLDERS}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the three packages by its dotted name."""
+    out = {}
+    for folder, name in package_names().items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([name, *parts])] = path
+    return out
+
+
+def nearest(dotted: str, mods: dict[str, Path]) -> str | None:
+    """The project module an imported name lives in (None: not the project's)."""
+    while dotted and dotted not in mods:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def imports(name: str, mods: dict[str, Path]) -> set[str]:
+    """The project modules module ``name`` imports anywhere in its file.
+
+    ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``; a package
+    named only as the parent of an imported module is no edge (executing its ``__init__``
+    first is Python's business, not a dependency of this module)."""
+    path = mods[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(nearest(alias.name, mods) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in mods else nearest(base, mods))
+    return out - {None, name}
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports."""
+    mods = modules()
+    return {name: imports(name, mods) for name in mods}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), largest first."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out, key=len, reverse=True)
