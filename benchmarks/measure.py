@@ -178,8 +178,10 @@ def scenario_config(
     data_mode: str = "partition",
     seed: int = 0,
 ) -> dict:
+    from foltr_async.plugins import load_plugins
     from foltr_async.scenario.load import validate
 
+    load_plugins()  # the protocol names the config is checked against
     raw = {
         "scenario": {"name": "bench", "seed": seed},
         "dataset": dataset,

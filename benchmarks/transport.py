@@ -59,7 +59,7 @@ def _echo_classes():
 
 def bench_bus(sz: Sizes, seed: int) -> dict[str, dict]:
     """Memory-bus cost per client update."""
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.rng import stream
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.clock import run
@@ -140,7 +140,7 @@ def bench_zmq(sz: Sizes, seed: int) -> dict[str, dict]:
     """Envelopes from a sender process to this one over loopback TCP, decoded and validated."""
     import zmq
 
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.runtime.codec import decode
 
     load_plugins()

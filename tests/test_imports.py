@@ -8,6 +8,8 @@ pyproject.toml's ``package-dir`` (``protocols/`` installs as ``foltr_async.proto
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -104,3 +106,46 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return sorted(out, key=len, reverse=True)
+
+
+def test_no_import_cycle():
+    found = cycles(graph())
+    assert not found, "import cycles (largest first): " + "; ".join(
+        f"{len(c)} modules: {', '.join(c)}" for c in found
+    )
+
+
+def test_runtime_and_ltr_never_import_protocols():
+    protocols = package_names()["protocols"]
+    bad = {
+        f"{m} -> {t}"
+        for m, ts in graph().items()
+        if m.startswith(("foltr_async.runtime.", "foltr_async.ltr."))
+        or m in ("foltr_async.runtime", "foltr_async.ltr")
+        for t in ts
+        if t == protocols or t.startswith(protocols + ".")
+    }
+    assert not bad, sorted(bad)
+
+
+def test_reading_a_scenario_imports_no_protocol():
+    """Validation looks names up in the registry as loaded; only an entry point loads plugins."""
+    names = ("protocols", package_names()["protocols"])
+    code = (
+        "import sys\n"
+        "from foltr_async.errors import ScenarioError\n"
+        "from foltr_async.scenario.load import load_scenario\n"
+        "try:\n"
+        "    load_scenario('scenarios/fpdgd_batch.toml')\n"
+        "except ScenarioError as e:\n"
+        "    print(e)\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({names})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0].endswith(
+        "federation.protocol: unknown protocol 'fpdgd': no protocols are registered "
+        "(call load_plugins() first)"
+    )
+    assert out[1] == "[]"

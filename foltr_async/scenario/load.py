@@ -15,7 +15,8 @@ from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped
-from foltr_async.registry import load_plugins, suggest, unknown
+from foltr_async.names import suggest
+from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 ACTIONS = ("join", "leave", "crash", "rejoin", "attack_start", "attack_stop", "unlearn")
@@ -307,8 +308,11 @@ def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[
 
 
 def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> dict[str, Any]:
-    """One variant's config with every default filled in, or a one-line ScenarioError."""
-    registry = load_plugins()
+    """One variant's config with every default filled in, or a one-line ScenarioError.
+
+    Names are looked up in the registry as it is: the caller loads the protocols and plugins
+    first (``foltr_async.plugins.load_plugins``; the CLI does)."""
+    registry = REGISTRY
     check_sections(raw, VARIANT_LEVEL, where)
     cfg: dict[str, Any] = {}
     for section, fields in SECTIONS.items():
