@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -120,6 +120,21 @@ class PartyIndex(PartyText):
 
     doc_sketch: tuple[DocSketch, DocSketch]
     rtk: RTKSketch
+
+
+class CorpusRun(Protocol):
+    """What a party, the relay's eavesdropper and the measurements read of the run
+    (``server.CSFLTR``, which builds them: named here so that they need not import it)."""
+
+    ctx: RunContext
+    mode: str
+    corpus: TextCorpus
+    hashes: SketchHashes
+    test: QuerySet
+
+    def index(self, p: int) -> PartyIndex: ...
+
+    def terms(self, q: int) -> np.ndarray: ...
 
 
 def _derived(corpus: TextCorpus) -> dict:

@@ -12,7 +12,7 @@ from protocols.csfltr.messages import QUERIES, TF_QUERY
 from protocols.eavesdrop import TapEavesdropper
 
 if TYPE_CHECKING:
-    from protocols.csfltr.server import CSFLTR
+    from protocols.csfltr.corpus import CorpusRun
 
 
 class RelayEavesdropper(TapEavesdropper):
@@ -30,7 +30,7 @@ class RelayEavesdropper(TapEavesdropper):
 
     taps = dict.fromkeys(QUERIES, "dst")  # the parties' queries to the relay
 
-    def __init__(self, agent_id: str, run: CSFLTR, rng: np.random.Generator) -> None:
+    def __init__(self, agent_id: str, run: CorpusRun, rng: np.random.Generator) -> None:
         super().__init__(agent_id, run.ctx, ["server"])
         self.rng = rng
         V = run.corpus.n_terms

@@ -59,7 +59,8 @@ from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_sch
 from protocols import eavesdrop, fpdgd
 from protocols.secagg.eavesdropper import MaskedEavesdropper
 from protocols.secagg.measurement import cost
-from protocols.secagg.scheme import Settings, make_run
+from protocols.secagg.scheme import make_run
+from protocols.secagg.settings import Settings
 
 __all__ = ["cost"]
 

@@ -4,7 +4,6 @@ neighbours, the masked upload, and the shares it reveals so the server can unmas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
@@ -13,10 +12,6 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureClient, Summable
-
-if TYPE_CHECKING:
-    from protocols.secagg.scheme import Settings
-
 from protocols.secagg.messages import (
     ADVERTISE,
     KEYS,
@@ -42,6 +37,7 @@ from protocols.secagg.primitives import (
     share_label,
     to_ring,
 )
+from protocols.secagg.settings import Settings
 
 log = structlog.get_logger()
 

@@ -8,7 +8,7 @@ from foltr_async.runtime.codec import Envelope, decode, encode
 from protocols import eavesdrop, fpdgd
 from protocols.secagg.messages import MASKED
 from protocols.secagg.primitives import from_ring
-from protocols.secagg.scheme import Settings
+from protocols.secagg.settings import Settings
 
 
 class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
-
-if TYPE_CHECKING:
-    from protocols.secagg.scheme import Settings
-
 from protocols.secagg.messages import (
     ADVERTISE,
     CT_LEN,
@@ -39,6 +35,7 @@ from protocols.secagg.primitives import (
     shamir_combine,
     threshold_of,
 )
+from protocols.secagg.settings import Settings
 
 
 @dataclass
