@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import (
+from foltr_async.benchmarks.measure import (
     FULL,
     PAPER_ROUNDS,
     DataSource,

@@ -221,7 +221,7 @@ def sizes_of(data) -> dict:
 def child_cmd(spec: dict) -> tuple[list[str], dict]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    code = "import sys; from benchmarks.cli import child_main; child_main(sys.argv[1])"
+    code = "import sys; from foltr_async.benchmarks.cli import child_main; child_main(sys.argv[1])"
     return [sys.executable, "-c", code, json.dumps(spec)], env
 
 

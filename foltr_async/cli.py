@@ -704,6 +704,6 @@ def _cmd_keys(argv: list[str]) -> int:
 
 def _cmd_bench(argv: list[str]) -> int:
     # The bench drives protocols, so it lives beside the runtime, imported only when asked for.
-    from benchmarks.cli import main as bench_main
+    from foltr_async.benchmarks.cli import main as bench_main
 
     return bench_main(argv)

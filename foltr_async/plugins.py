@@ -17,7 +17,7 @@ from foltr_async.registry import PLUGINS_ENV, REGISTRY, Registry
 def load_plugins() -> Registry:
     """Import the protocol package and the ``FOLTR_ASYNC_PLUGINS`` modules so they register
     themselves; return the filled registry."""
-    import protocols  # noqa: F401  (registration happens on import)
+    import foltr_async.protocols  # noqa: F401  (registration happens on import)
 
     for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:

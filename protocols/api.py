@@ -45,14 +45,14 @@ from foltr_async.contract import (
     evaluate_views,
     register_partitioner,
 )
+from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
+from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
-from protocols.users import K, Users
 
 __all__ = [
     "K",

@@ -54,6 +54,8 @@ from foltr_async.ltr.pdgd_batch import (
 )
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
+from foltr_async.protocols.online import ModelStrategy
+from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
@@ -61,8 +63,6 @@ from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from protocols.online import ModelStrategy
-from protocols.users import K, Users
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
 NAME = "fpdgd"

@@ -84,13 +84,13 @@ from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.pdgd import pdgd_gradient, pdgd_interaction, sample_ranking
 from foltr_async.ltr.pdgd_batch import compiled_pair_weights
 from foltr_async.ltr.queryset import QuerySet
+from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
+from foltr_async.protocols.fpdgd import Params as FPDGDParams
+from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import handles
 from foltr_async.runtime.codec import Array, register_kind
 from foltr_async.scenario.fields import Field, param, parameters
-from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
-from protocols.fpdgd import Params as FPDGDParams
-from protocols.users import K, Users
 
 SHARED = "noniid.shared"
 register_kind(SHARED, {"queries": Array("int64", ndim=1)})

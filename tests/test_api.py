@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from foltr_async.errors import ScenarioError
+from foltr_async.protocols import fpdgd
+from foltr_async.protocols.api import param, parameters
 from foltr_async.scenario.fields import Field, check_table
-from protocols import fpdgd
-from protocols.api import param, parameters
 
 
 @parameters
@@ -42,7 +42,7 @@ def test_list_defaults_are_not_shared_between_instances():
 
 
 def test_run_context_params_are_the_protocols_class():
-    from protocols import noniid
+    from foltr_async.protocols import noniid
     from tests.test_pdgd_batch import make_ctx, make_queryset
 
     ctx = make_ctx(make_queryset(3), 3, lr=0.5, dp=True)

@@ -1,5 +1,5 @@
 """The worked examples of docs/EXTENDING.md: a protocol and an attack written against
-``protocols.api`` and loaded as plugins, run in a small scenario."""
+``foltr_async.protocols.api`` and loaded as plugins, run in a small scenario."""
 
 from __future__ import annotations
 

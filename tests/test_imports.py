@@ -149,3 +149,62 @@ def test_reading_a_scenario_imports_no_protocol():
         "(call load_plugins() first)"
     )
     assert out[1] == "[]"
+
+
+def test_every_package_folder_is_installed():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        name for name, path in modules().items() if path.name == "__init__.py"
+    }  # every package of the three folders, by the name it imports as
+    assert set(cfg["packages"]) == folders
+
+
+def test_imports_use_the_installed_names():
+    """``protocols.x`` from a checkout would be a second copy of ``foltr_async.protocols.x``."""
+    renamed = {f for f, name in package_names().items() if name != f}
+    bad = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.relative_to(ROOT).parts[0].startswith("."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in renamed]
+    assert not bad, bad
+
+
+def test_one_module_one_name():
+    """Loading everything (protocols, plugins, benchmarks) from the checkout's root: every file
+    is one module, nothing is importable as a top-level ``protocols`` or ``benchmarks`` (or, if
+    something is, it is the same module object)."""
+    code = (
+        "import importlib, os, sys\n"
+        "os.environ['FOLTR_ASYNC_PLUGINS'] = 'examples.fedavgm, examples.signflip'\n"
+        "from foltr_async.plugins import load_plugins\n"
+        "registry = load_plugins()\n"
+        "import foltr_async.benchmarks.cli\n"
+        "for top in ('protocols', 'benchmarks'):\n"
+        "    try:\n"
+        "        mod = importlib.import_module(top)\n"
+        "    except ImportError as e:\n"
+        "        print(top, 'refused:', e)\n"
+        "    else:\n"
+        "        print(top, 'same' if mod is sys.modules['foltr_async.' + top] else 'OTHER')\n"
+        "files = {}\n"
+        "for name, mod in list(sys.modules.items()):\n"
+        "    f = getattr(mod, '__file__', None)\n"
+        "    if f and os.path.realpath(f).startswith(os.getcwd()):\n"
+        "        files.setdefault(os.path.realpath(f), []).append(name)\n"
+        "print(sorted(n for n in files.values() if len(n) > 1))\n"
+        "print(sorted(registry.protocols))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for line, top in zip(out[:2], ("protocols", "benchmarks"), strict=True):
+        assert line.startswith(f"{top} refused: import foltr_async.{top}") or line == f"{top} same"
+    assert out[2] == "[]"  # no file loaded under two names
+    assert {"fedavgm", "fpdgd", "csfltr"} <= set(ast.literal_eval(out[3]))  # all loaded

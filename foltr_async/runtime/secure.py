@@ -383,7 +383,8 @@ def scheme(name: str = DEFAULT_SCHEME) -> Scheme:
     entry = _SCHEMES.get(name)
     if entry is None:
         raise ScenarioError(
-            f"federation.secure_aggregation: no scheme {name!r} is registered (import protocols)"
+            f"federation.secure_aggregation: no scheme {name!r} is registered "
+            "(load_plugins imports it)"
         )
     return entry
 

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from foltr_async.protocols.csfltr.messages import QUERIES, TF_QUERY
+from foltr_async.protocols.eavesdrop import TapEavesdropper
 from foltr_async.runtime.codec import decode
-from protocols.csfltr.messages import QUERIES, TF_QUERY
-from protocols.eavesdrop import TapEavesdropper
 
 if TYPE_CHECKING:
-    from protocols.csfltr.corpus import CorpusRun
+    from foltr_async.protocols.csfltr.corpus import CorpusRun
 
 
 class RelayEavesdropper(TapEavesdropper):

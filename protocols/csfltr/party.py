@@ -22,15 +22,14 @@ from foltr_async.ltr.sketch import (
     uniform_decoys,
 )
 from foltr_async.ltr.textfeatures import exact_features, field_features
-from foltr_async.runtime.agent import Agent, handles
-from protocols.csfltr.corpus import (
+from foltr_async.protocols.csfltr.corpus import (
     N_FEATURES,
     CorpusRun,
     block_norm,
     own_candidates,
     query_set,
 )
-from protocols.csfltr.messages import (
+from foltr_async.protocols.csfltr.messages import (
     MODEL,
     NAIVE_ANSWER,
     NAIVE_QUERY,
@@ -41,7 +40,14 @@ from protocols.csfltr.messages import (
     TF_QUERY,
     UPDATE,
 )
-from protocols.csfltr.primitives import STEPS, naive_answer, naive_top, rtk_answer, rtk_top
+from foltr_async.protocols.csfltr.primitives import (
+    STEPS,
+    naive_answer,
+    naive_top,
+    rtk_answer,
+    rtk_top,
+)
+from foltr_async.runtime.agent import Agent, handles
 
 
 @dataclass

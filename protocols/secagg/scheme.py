@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from foltr_async.protocols.secagg.client import SecAggClient
+from foltr_async.protocols.secagg.server import SecAggServer
+from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.runtime.secure import SecureRun, Summable
-from protocols.secagg.client import SecAggClient
-from protocols.secagg.server import SecAggServer
-from protocols.secagg.settings import Settings
 
 
 def make_run(spec: Summable, settings: dict, rng, emit) -> SecureRun:

@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from foltr_async.runtime.codec import Envelope
-from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
-from protocols.secagg.messages import (
+from foltr_async.protocols.secagg.messages import (
     ADVERTISE,
     CT_LEN,
     KEYS,
@@ -24,7 +22,7 @@ from protocols.secagg.messages import (
     SHARES,
     UNMASK,
 )
-from protocols.secagg.primitives import (
+from foltr_async.protocols.secagg.primitives import (
     KEY_LEN,
     from_ring,
     harary,
@@ -35,7 +33,9 @@ from protocols.secagg.primitives import (
     shamir_combine,
     threshold_of,
 )
-from protocols.secagg.settings import Settings
+from foltr_async.protocols.secagg.settings import Settings
+from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
 
 
 @dataclass
