@@ -216,10 +216,8 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     from foltr_async.experiment import check_scenario, run_scenario
     from foltr_async.observe.console import make_reporter
     from foltr_async.observe.log import configure_logging
-    from foltr_async.plugins import load_plugins
     from foltr_async.scenario.load import load_scenario
 
-    load_plugins()  # the protocol, behaviour and aggregator names a scenario may use
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed)
     if args.only:
         unknown = [v for v in args.only if v not in scenario.variants]
@@ -425,10 +423,8 @@ def _cmd_validate(argv: list[str]) -> int:
     _add_set(p, "override a scenario value for every variant")
     args = p.parse_args(argv)
     from foltr_async.experiment import check_scenario
-    from foltr_async.plugins import load_plugins
     from foltr_async.scenario.load import load_scenario
 
-    load_plugins()
     for path in args.scenario:
         sc = load_scenario(path, args.sets)
         check_scenario(sc)
@@ -641,7 +637,6 @@ def _cmd_join(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from foltr_async.distributed import join, parse_agents
     from foltr_async.observe.log import configure_logging
-    from foltr_async.plugins import load_plugins
     from foltr_async.runtime.clock import run as run_loop
     from foltr_async.runtime.zmqbus import load_worker_keys
     from foltr_async.scenario.load import load_scenario
@@ -653,7 +648,6 @@ def _cmd_join(argv: list[str]) -> int:
             "--insecure for plaintext without authentication"
         )
     keys = None if args.insecure else load_worker_keys(args.keys, args.name)
-    load_plugins()  # a worker builds its clients from the same registered names
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed)
     configure_logging(events_path=None, json_logs=args.json_logs, console=False)
     run_loop(

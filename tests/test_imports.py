@@ -128,15 +128,16 @@ def test_runtime_and_ltr_never_import_protocols():
     assert not bad, sorted(bad)
 
 
-def test_reading_a_scenario_imports_no_protocol():
-    """Validation looks names up in the registry as loaded; only an entry point loads plugins."""
+def test_validation_imports_no_protocol():
+    """``validate`` looks names up in the registry as loaded; loading is the entry point's
+    (``load_scenario``, the CLI, workers), so validation never imports the protocols."""
     names = ("protocols", package_names()["protocols"])
     code = (
         "import sys\n"
         "from foltr_async.errors import ScenarioError\n"
-        "from foltr_async.scenario.load import load_scenario\n"
+        "from foltr_async.scenario.load import validate\n"
         "try:\n"
-        "    load_scenario('scenarios/fpdgd_batch.toml')\n"
+        "    validate({'federation': {'protocol': 'fpdgd'}}, 'x.toml')\n"
         "except ScenarioError as e:\n"
         "    print(e)\n"
         f"print(sorted(m for m in sys.modules if m.startswith({names})))\n"
@@ -144,11 +145,11 @@ def test_reading_a_scenario_imports_no_protocol():
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert out[0].endswith(
-        "federation.protocol: unknown protocol 'fpdgd': no protocols are registered "
-        "(call load_plugins() first)"
-    )
-    assert out[1] == "[]"
+    assert out == [
+        "x.toml: federation.protocol: unknown protocol 'fpdgd': no protocols are registered "
+        "(call load_plugins() first)",
+        "[]",
+    ]
 
 
 def test_every_package_folder_is_installed():

@@ -155,6 +155,12 @@ def label(path: Path, variant: str, named: bool) -> str:
 
 
 def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None = None) -> Scenario:
+    """The scenario file, every variant validated. Reading a file is where a program (the CLI,
+    a worker, a notebook) starts, so the protocols and plugins are loaded here, before
+    ``validate`` looks their names up (``validate`` itself never loads anything)."""
+    from foltr_async.plugins import load_plugins
+
+    load_plugins()
     path = Path(path)
     where = str(path)
     try:
@@ -311,7 +317,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
     """One variant's config with every default filled in, or a one-line ScenarioError.
 
     Names are looked up in the registry as it is: the caller loads the protocols and plugins
-    first (``foltr_async.plugins.load_plugins``; the CLI does)."""
+    first (``foltr_async.plugins.load_plugins``; ``load_scenario`` does)."""
     registry = REGISTRY
     check_sections(raw, VARIANT_LEVEL, where)
     cfg: dict[str, Any] = {}
