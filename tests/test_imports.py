@@ -128,6 +128,21 @@ def test_runtime_and_ltr_never_import_protocols():
     assert not bad, sorted(bad)
 
 
+def test_protocols_stand_on_the_contract_not_the_orchestrator():
+    """A protocol uses ``foltr_async.contract`` (re-exported by its ``api``); the modules that
+    drive runs and load protocols are above it."""
+    protocols = package_names()["protocols"]
+    above = ("foltr_async.simulation", "foltr_async.plugins", "foltr_async.cli")
+    bad = {
+        f"{m} -> {t}"
+        for m, ts in graph().items()
+        if m == protocols or m.startswith(protocols + ".")
+        for t in ts
+        if t in above
+    }
+    assert not bad, sorted(bad)
+
+
 def test_validation_imports_no_protocol():
     """``validate`` looks names up in the registry as loaded; loading is the entry point's
     (``load_scenario``, the CLI, workers), so validation never imports the protocols."""
