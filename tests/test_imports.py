@@ -1,7 +1,8 @@
 """The import graph of the project's packages: no cycle, and the dependency direction holds.
 
-Every ``import`` statement counts, at module level or inside a function (a function-level
-import is still a dependency, it only runs later). Module names come from the folders and
+Every ``import`` statement counts, at module level, inside a function (a function-level
+import is still a dependency, it only runs later) or under ``TYPE_CHECKING`` (a type a module
+names is a dependency too). Module names come from the folders and
 pyproject.toml's ``package-dir`` (``protocols/`` installs as ``foltr_async.protocols``).
 """
 
