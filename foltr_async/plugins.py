@@ -1,8 +1,9 @@
 """Loading the protocols and the ``FOLTR_ASYNC_PLUGINS`` modules, so their names register.
 
 Apart from the registry on purpose: the registry is what protocols import, and this is what
-imports them, so nothing a protocol imports ever imports a protocol back. Entry points (the
-CLI's commands, a ``--jobs`` child, the benchmarks) call it before they read a scenario.
+imports them, so nothing a protocol imports ever imports a protocol back. Entry points call
+it before names are looked up: ``load_scenario`` (so every command and ZeroMQ worker reading a
+scenario), ``list``, a ``--jobs`` child, the bench suites.
 """
 
 from __future__ import annotations
