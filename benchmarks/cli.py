@@ -16,9 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.costs import bench_csfltr, bench_secagg
-from benchmarks.footprint import bench_memory, bench_startup, memory_child, startup_child
-from benchmarks.measure import (
+from foltr_async.benchmarks.costs import bench_csfltr, bench_secagg
+from foltr_async.benchmarks.footprint import (
+    bench_memory,
+    bench_startup,
+    memory_child,
+    startup_child,
+)
+from foltr_async.benchmarks.measure import (
     FULL,
     QUICK,
     ROOT,
@@ -28,10 +33,10 @@ from benchmarks.measure import (
     quiet_logs,
     resolve_data,
 )
-from benchmarks.parse import bench_parse
-from benchmarks.report import TARGETS, compare, load_reference, render
-from benchmarks.rounds import bench_foltr_es, bench_fpdgd
-from benchmarks.transport import bench_bus, bench_zmq, zmq_sender
+from foltr_async.benchmarks.parse import bench_parse
+from foltr_async.benchmarks.report import TARGETS, compare, load_reference, render
+from foltr_async.benchmarks.rounds import bench_foltr_es, bench_fpdgd
+from foltr_async.benchmarks.transport import bench_bus, bench_zmq, zmq_sender
 from foltr_async.errors import FoltrError
 
 SUITES = ("fpdgd", "foltr_es", "bus", "startup", "memory", "zmq", "parse", "secagg", "csfltr")

@@ -4,14 +4,14 @@ RTK-Sketch against NAIVE."""
 
 from __future__ import annotations
 
-from benchmarks.measure import N_FEATURES, Sizes, progress
+from foltr_async.benchmarks.measure import N_FEATURES, Sizes, progress
 
 
 def bench_secagg(sz: Sizes, seed: int) -> dict[str, dict]:
     """Cost of a secure-aggregation round against the number of clients (FPDGD-sized vectors):
     plaintext, the complete graph (SecAgg) and the sparse graph (SecAgg+, degree 16), plus 30 %
     dropout after key sharing; and the largest error of the unmasked mean."""
-    from protocols.secagg import cost
+    from foltr_async.protocols.secagg import cost
 
     if sz.fpdgd_clients < 100:  # --scale for smoke tests: the same shapes, tiny
         plan = [(6, False, 0, 0.0), (6, True, 0, 0.0), (12, True, 4, 0.0), (12, True, 0, 0.3)]
@@ -56,7 +56,7 @@ def bench_csfltr(sz: Sizes, seed: int) -> dict[str, dict]:
     """CS-F-LTR's reverse top-K, RTK-Sketch against NAIVE, on one owner's embedded collection
     at each size (scenario defaults: K 150, alpha 5, beta 0.1, w 200, z 30, z1 10, epsilon 0.5);
     the targets read the first size."""
-    from protocols.rtk_cost import cost
+    from foltr_async.protocols.rtk_cost import cost
 
     rows = []
     for docs in sz.rtk_docs:

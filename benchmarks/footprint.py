@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import (
+from foltr_async.benchmarks.measure import (
     FULL,
     PAPER_ROUNDS,
     DataSource,
@@ -81,7 +81,7 @@ class _FirstRound(Exception):
 def startup_child(spec: dict) -> dict:
     from foltr_async import simulation
     from foltr_async.observe.observer import Observer
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.rng import stream
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.clock import run
@@ -142,7 +142,8 @@ def memory_child(spec: dict) -> dict:
     import tracemalloc
 
     from foltr_async import simulation
-    from foltr_async.registry import REGISTRY, load_plugins
+    from foltr_async.plugins import load_plugins
+    from foltr_async.registry import REGISTRY
     from foltr_async.rng import stream
     from foltr_async.runtime import heap
     from foltr_async.runtime.bus import MemoryBus

@@ -178,8 +178,10 @@ def scenario_config(
     data_mode: str = "partition",
     seed: int = 0,
 ) -> dict:
+    from foltr_async.plugins import load_plugins
     from foltr_async.scenario.load import validate
 
+    load_plugins()  # the protocol names the config is checked against
     raw = {
         "scenario": {"name": "bench", "seed": seed},
         "dataset": dataset,
@@ -219,7 +221,7 @@ def sizes_of(data) -> dict:
 def child_cmd(spec: dict) -> tuple[list[str], dict]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    code = "import sys; from benchmarks.cli import child_main; child_main(sys.argv[1])"
+    code = "import sys; from foltr_async.benchmarks.cli import child_main; child_main(sys.argv[1])"
     return [sys.executable, "-c", code, json.dumps(spec)], env
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import N_FEATURES, Sizes, cpu_share, now, progress, set_env
+from foltr_async.benchmarks.measure import N_FEATURES, Sizes, cpu_share, now, progress, set_env
 
 MSLR_TRAIN_LINES = 723_412  # documents in MSLR-WEB10K Fold1/train.txt
 MIN_EXTRAPOLATE_LINES = 10_000  # below this, fixed costs make a linear extrapolation meaningless

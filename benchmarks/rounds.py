@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import (
+from foltr_async.benchmarks.measure import (
     FULL,
     PAPER_ROUNDS,
     ROOT,

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from benchmarks.measure import (
+from foltr_async.benchmarks.measure import (
     N_FEATURES,
     Sizes,
     cpu_share,
@@ -22,10 +22,10 @@ from benchmarks.measure import (
 
 def _echo_classes():
     """An echo client and a FedAvg-only strategy speaking the FPDGD messages (no training)."""
+    from foltr_async.protocols.aggregation import fedavg
+    from foltr_async.protocols.fpdgd import MODEL, UPDATE
     from foltr_async.runtime.agent import Agent, handles
     from foltr_async.runtime.engine import Strategy
-    from protocols.aggregation import fedavg
-    from protocols.fpdgd import MODEL, UPDATE
 
     class EchoClient(Agent):
         role = "client"
@@ -59,7 +59,7 @@ def _echo_classes():
 
 def bench_bus(sz: Sizes, seed: int) -> dict[str, dict]:
     """Memory-bus cost per client update."""
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.rng import stream
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.clock import run
@@ -111,8 +111,8 @@ def bench_bus(sz: Sizes, seed: int) -> dict[str, dict]:
 
 
 def _update_envelope(i: int, params: np.ndarray) -> bytes:
+    from foltr_async.protocols.fpdgd import UPDATE
     from foltr_async.runtime.codec import WIRE_VERSION, Envelope, encode
-    from protocols.fpdgd import UPDATE
 
     body = {"params": params, "n_interactions": 2}
     return encode(
@@ -140,7 +140,7 @@ def bench_zmq(sz: Sizes, seed: int) -> dict[str, dict]:
     """Envelopes from a sender process to this one over loopback TCP, decoded and validated."""
     import zmq
 
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.runtime.codec import decode
 
     load_plugins()

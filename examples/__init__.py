@@ -1,3 +1,3 @@
 """Worked examples of docs/EXTENDING.md: a protocol and an attack written against
-``protocols.api``, loaded as plugins
+``foltr_async.protocols.api``, loaded as plugins
 (``FOLTR_ASYNC_PLUGINS=examples.fedavgm,examples.signflip``)."""

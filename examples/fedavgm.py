@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.ltr.pdgd import pdgd_gradient
-from protocols.api import (
+from foltr_async.protocols.api import (
     REGISTRY,
     Array,
     Int,

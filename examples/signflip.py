@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from examples.fedavgm import Client
-from protocols.api import REGISTRY, BehaviourEntry, param, parameters
+from foltr_async.protocols.api import REGISTRY, BehaviourEntry, param, parameters
 
 
 @parameters

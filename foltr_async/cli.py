@@ -482,7 +482,7 @@ def _cmd_merge(argv: list[str]) -> int:
 def _cmd_list(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="python -m foltr_async list").parse_args(argv)
     from foltr_async.ltr.synthetic import profile_names, profile_summary
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
 
     reg = load_plugins()
     sections = [
@@ -721,6 +721,6 @@ def _cmd_keys(argv: list[str]) -> int:
 
 def _cmd_bench(argv: list[str]) -> int:
     # The bench drives protocols, so it lives beside the runtime, imported only when asked for.
-    from benchmarks.cli import main as bench_main
+    from foltr_async.benchmarks.cli import main as bench_main
 
     return bench_main(argv)

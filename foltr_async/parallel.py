@@ -35,7 +35,7 @@ def run_job(cfg: dict, seed: int, name: str, repeat: int) -> dict:
     """One repeat of one variant in virtual time, with no observers (the caller reports)."""
     from foltr_async.observe.log import configure_logging
     from foltr_async.observe.observer import Observers
-    from foltr_async.registry import load_plugins
+    from foltr_async.plugins import load_plugins
     from foltr_async.runtime import heap
     from foltr_async.runtime.clock import VirtualTimeLoop
     from foltr_async.simulation import Simulation

@@ -1,20 +1,18 @@
 """Names a scenario can use: protocols, agent behaviours and aggregators register here.
 
 The runtime never imports a protocol; ``protocols`` (and any plugin module named in
-``FOLTR_ASYNC_PLUGINS``) registers itself when ``load_plugins`` imports it, and the runner looks
-entries up by the scenario's names.
+``FOLTR_ASYNC_PLUGINS``) registers itself when ``foltr_async.plugins.load_plugins`` imports it
+(the CLI and worker processes call it before reading a scenario), and the runner looks entries
+up by the scenario's names.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from foltr_async.errors import FoltrError
+from foltr_async.names import suggest
 from foltr_async.scenario.fields import Field
 
 
@@ -89,15 +87,12 @@ class Registry:
 REGISTRY = Registry()
 
 
-def suggest(name: str, known: list[str]) -> str:
-    hint = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean {hint[0]!r}?)" if hint else ""
-
-
 def unknown(kind: str, name: Any, known: Collection[str]) -> str:
     """Why ``name`` is no registered ``kind`` (protocol, behaviour, aggregator), with the
     nearest name, the known ones and where a plugin's names come from."""
     got = "" if name is None else f" {name!r}"
+    if not known:  # nothing loaded them: a program reading scenarios without the CLI
+        return f"unknown {kind}{got}: no {kind}s are registered (call load_plugins() first)"
     hint = suggest(name, sorted(known)) if isinstance(name, str) else ""
     return (
         f"unknown {kind}{got}{hint}; known: {', '.join(sorted(known))} (a plugin's {kind}s "
@@ -109,16 +104,3 @@ def unknown(kind: str, name: Any, known: Collection[str]) -> str:
 #: Comma-separated modules imported after ``protocols`` (a protocol or attack kept outside the
 #: package, e.g. ``examples.fedavgm``); worker processes inherit it with the environment.
 PLUGINS_ENV = "FOLTR_ASYNC_PLUGINS"
-
-
-def load_plugins() -> Registry:
-    """Import the protocol package and the ``FOLTR_ASYNC_PLUGINS`` modules so they register
-    themselves; return the filled registry."""
-    import protocols  # noqa: F401  (registration happens on import)
-
-    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise FoltrError(f"{PLUGINS_ENV}: cannot import {name!r}: {e}") from None
-    return REGISTRY

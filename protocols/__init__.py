@@ -4,7 +4,10 @@ Each module defines its messages (registered with the codec), its client and ser
 registers its scenario names in ``foltr_async.registry.REGISTRY``.
 """
 
-from protocols import (  # noqa: F401  (registration on import)
+if __name__ != "foltr_async.protocols":  # e.g. `import protocols` from the checkout's root
+    raise ImportError(f"import foltr_async.protocols, not {__name__}: a second name runs it twice")
+
+from foltr_async.protocols import (  # noqa: F401  (registration on import)
     aggregation,
     attacks,
     csfltr,

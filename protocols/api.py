@@ -16,7 +16,12 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   are the strategy's plain methods marked ``@handles(kind)``, run as they are delivered.
 - ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
   hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
-  named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``).
+  named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``). ``Probe``:
+  the simulator's measurements beside the messages (what users were shown, oracle truths).
+  ``ClientData``, ``Partition``, ``PartitionEntry`` and ``register_partitioner``: per-client
+  data under ``[federation.partition]`` (``assign_queries``: the default query split;
+  ``evaluate_views``: nDCG@10 per label view). All of these live in ``foltr_async.contract``,
+  never in the orchestrator that plays the run.
 - ``@parameters`` and ``param(default, help, min=..., ...)``: a frozen dataclass of the
   protocol's ``[federation.params]``; the scenario is checked against it (one-line errors) and
   code reads ``ctx.params.lr``.
@@ -29,15 +34,25 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   registers the name a scenario uses.
 """
 
+from foltr_async.contract import (
+    ClientData,
+    Partition,
+    PartitionEntry,
+    Probe,
+    ProtocolRun,
+    RunContext,
+    assign_queries,
+    evaluate_views,
+    register_partitioner,
+)
+from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
+from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
-from protocols.users import K, Users
 
 __all__ = [
     "K",
@@ -49,19 +64,26 @@ __all__ = [
     "Agent",
     "Array",
     "BehaviourEntry",
+    "ClientData",
     "Float",
     "Int",
+    "Partition",
+    "PartitionEntry",
+    "Probe",
     "ProtocolEntry",
     "ProtocolRun",
     "RunContext",
     "Str",
     "Strategy",
     "Users",
+    "assign_queries",
     "client_id",
+    "evaluate_views",
     "handles",
     "param",
     "parameters",
     "register_kind",
+    "register_partitioner",
     "reply",
     "summable",
 ]

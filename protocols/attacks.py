@@ -34,12 +34,12 @@ from statistics import NormalDist
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.protocols.aggregation import krum
+from foltr_async.protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.codec import Array, DropMessage, decode, register_kind
 from foltr_async.scenario.fields import param, parameters
-from protocols.aggregation import krum
-from protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
 
 SHARE = "attack.share"
 register_kind(SHARE, {"params": Array("float64", ndim=1)})

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
@@ -57,7 +58,6 @@ from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Opt, register_kind
 from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
 
 MODEL = "fedips.model"
 UPDATE = "fedips.update"

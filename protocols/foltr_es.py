@@ -41,20 +41,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import dcg_at_k, maxrr
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.ltr.serve_batch import serve_linear
 from foltr_async.observe.privacy import account, randomised_response
+from foltr_async.protocols.online import ModelStrategy, OnlineClient
+from foltr_async.protocols.users import K
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
-from protocols.online import ModelStrategy, OnlineClient
-from protocols.users import K
 
 #: its scenario name (``federation.protocol``), which its eavesdropper speaks
 NAME = "foltr_es"

@@ -47,6 +47,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
@@ -58,6 +59,8 @@ from foltr_async.ltr.pdgd_batch import (
 )
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
+from foltr_async.protocols.online import ModelStrategy
+from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
@@ -65,9 +68,6 @@ from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.secure import reply, summable
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
-from protocols.online import ModelStrategy
-from protocols.users import K, Users
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
 NAME = "fpdgd"

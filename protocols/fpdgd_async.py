@@ -1,6 +1,6 @@
 """Asynchronous FPDGD: the server folds client updates in as they arrive (FedAsync, FedBuff).
 
-Clients are FPDGD clients (``protocols.fpdgd``): on receiving a model they run B PDGD
+Clients are FPDGD clients (``foltr_async.protocols.fpdgd``): on receiving a model they run B PDGD
 interactions with their own users, ``B * compute_time * device scale`` simulated seconds, and
 send their weights back; the server hands them the newest model at once (the loop is
 ``foltr_async.runtime.async_engine``), so a client keeps serving its users with the model it
@@ -34,14 +34,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
+from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
+from foltr_async.protocols.noniid import RemedyLearner
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
-from foltr_async.simulation import ProtocolRun, RunContext, model_message_bytes
-from protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
-from protocols.noniid import RemedyLearner
 
 
 @parameters

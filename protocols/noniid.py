@@ -69,17 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foltr_async.errors import ScenarioError
-from foltr_async.ltr.clicks import MODEL_NAMES, cascade
-from foltr_async.ltr.clicks import click_model as make_click_model
-from foltr_async.ltr.pdgd import pdgd_gradient, pdgd_interaction, sample_ranking
-from foltr_async.ltr.pdgd_batch import compiled_pair_weights
-from foltr_async.ltr.queryset import QuerySet
-from foltr_async.registry import REGISTRY, ProtocolEntry
-from foltr_async.runtime.agent import handles
-from foltr_async.runtime.codec import Array, register_kind
-from foltr_async.scenario.fields import Field, param, parameters
-from foltr_async.simulation import (
+from foltr_async.contract import (
     ClientData,
     Partition,
     PartitionEntry,
@@ -89,9 +79,19 @@ from foltr_async.simulation import (
     model_message_bytes,
     register_partitioner,
 )
-from protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
-from protocols.fpdgd import Params as FPDGDParams
-from protocols.users import K, Users
+from foltr_async.errors import ScenarioError
+from foltr_async.ltr.clicks import MODEL_NAMES, cascade
+from foltr_async.ltr.clicks import click_model as make_click_model
+from foltr_async.ltr.pdgd import pdgd_gradient, pdgd_interaction, sample_ranking
+from foltr_async.ltr.pdgd_batch import compiled_pair_weights
+from foltr_async.ltr.queryset import QuerySet
+from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
+from foltr_async.protocols.fpdgd import Params as FPDGDParams
+from foltr_async.protocols.users import K, Users
+from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.runtime.agent import handles
+from foltr_async.runtime.codec import Array, register_kind
+from foltr_async.scenario.fields import Field, param, parameters
 
 SHARED = "noniid.shared"
 register_kind(SHARED, {"queries": Array("int64", ndim=1)})

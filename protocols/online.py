@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.ltr.pdgd import sample_ranking
+from foltr_async.protocols.users import K, Users
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.engine import Strategy
-from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.users import K, Users
 
 
 class Served(NamedTuple):

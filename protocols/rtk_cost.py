@@ -2,7 +2,7 @@
 
 CS-F-LTR's querier needs, per query term, the owner's K documents with the most occurrences.
 :func:`cost` times the protocol's own halves of both answers (``rtk_answer`` / ``rtk_top`` and
-``naive_answer`` / ``naive_top`` in :mod:`protocols.csfltr.primitives`: obfuscated query,
+``naive_answer`` / ``naive_top`` in :mod:`.csfltr.primitives`: obfuscated query,
 noise, private rows) on an embedded synthetic collection of ``docs`` documents, and scores them
 against the exact top-K by cover rate (ties counted as covered) over every query term and over
 *rankable* terms (at least K documents hold the term twice, so the top-K is a ranking rather than
@@ -29,9 +29,9 @@ from foltr_async.ltr.sketch import (
     obfuscate,
 )
 from foltr_async.ltr.text import make_corpus
+from foltr_async.protocols.csfltr.corpus import stop_mask
+from foltr_async.protocols.csfltr.primitives import naive_answer, naive_top, rtk_answer, rtk_top
 from foltr_async.rng import stream
-from protocols.csfltr.corpus import stop_mask
-from protocols.csfltr.primitives import naive_answer, naive_top, rtk_answer, rtk_top
 
 
 def cost(

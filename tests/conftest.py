@@ -7,6 +7,14 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # as the CLI does: small per-query products, one loop
 
 
+def pytest_configure(config):
+    """The protocols register their names before any test reads a scenario (as the command
+    line does before it validates one)."""
+    from foltr_async.plugins import load_plugins
+
+    load_plugins()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_dataset_cache(tmp_path_factory):
     """Parsed-LETOR cache in a temporary folder, not the user's ~/.cache (also for subprocesses)."""

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from protocols.aggregation import fedavg, krum, median, multi_krum, trimmed_mean
+from foltr_async.protocols.aggregation import fedavg, krum, median, multi_krum, trimmed_mean
 
 HONEST = np.array([[1.0, 0.0], [1.1, 0.1], [0.9, -0.1], [1.0, 0.2]])
 BAD = np.array([[-50.0, 40.0]])

@@ -24,10 +24,10 @@ from foltr_async.ltr.aol import (
 )
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.observe.observer import Observer
+from foltr_async.protocols.users import Users
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols.users import Users
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2006, 3, 1, tzinfo=UTC)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from foltr_async.errors import ScenarioError
+from foltr_async.protocols import fpdgd
+from foltr_async.protocols.api import param, parameters
 from foltr_async.scenario.fields import Field, check_table
-from protocols import fpdgd
-from protocols.api import param, parameters
 
 
 @parameters
@@ -42,11 +42,13 @@ def test_list_defaults_are_not_shared_between_instances():
 
 
 def test_run_context_params_are_the_protocols_class():
-    from protocols import noniid
+    from foltr_async.protocols import noniid
     from tests.test_pdgd_batch import make_ctx, make_queryset
 
-    p = make_ctx(make_queryset(3), 3, lr=0.5, dp=True).params
+    ctx = make_ctx(make_queryset(3), 3, lr=0.5, dp=True)
+    p = ctx.params
     assert isinstance(p, fpdgd.Params)
+    assert ctx.params is p  # built once with the context, not on every read
     assert (p.lr, p.dp, p.epsilon, p.clip_bound, p.clip_norm) == (0.5, True, 4.5, 2.5, "l2")
     # a protocol extending another's parameters extends its class
     assert list(noniid.Params.FIELDS)[: len(fpdgd.Params.FIELDS)] == list(fpdgd.Params.FIELDS)

@@ -8,6 +8,7 @@ import pytest
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.timecurve import at_common, is_timed
+from foltr_async.protocols.fpdgd_async import ServerOptimizer, staleness_weight
 from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
@@ -18,7 +19,6 @@ from foltr_async.runtime.engine import RoundPlan
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols.fpdgd_async import ServerOptimizer, staleness_weight
 
 register_kind("test_async.model", {"x": Int()})
 register_kind("test_async.update", {"x": Int()})

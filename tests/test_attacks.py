@@ -8,12 +8,8 @@ from scipy.stats import norm
 
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
-from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import decode
-from foltr_async.scenario.load import load_scenario
-from foltr_async.simulation import Simulation
-from protocols.aggregation import krum, multi_krum
-from protocols.attacks import (
+from foltr_async.protocols.aggregation import krum, multi_krum
+from foltr_async.protocols.attacks import (
     SHARE,
     benign_direction,
     fang_krum,
@@ -22,7 +18,11 @@ from protocols.attacks import (
     lie_update,
     lie_z,
 )
-from protocols.fpdgd import UPDATE
+from foltr_async.protocols.fpdgd import UPDATE
+from foltr_async.runtime.clock import run
+from foltr_async.runtime.codec import decode
+from foltr_async.scenario.load import load_scenario
+from foltr_async.simulation import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import structlog
 
-from benchmarks.cli import SUITES, main
-from benchmarks.measure import FULL
-from benchmarks.report import TARGETS
+from foltr_async.benchmarks.cli import SUITES, main
+from foltr_async.benchmarks.measure import FULL
+from foltr_async.benchmarks.report import TARGETS
 
 
 @pytest.fixture(autouse=True)

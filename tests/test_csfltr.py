@@ -7,12 +7,12 @@ import pytest
 
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
+from foltr_async.protocols.csfltr import messages
+from foltr_async.protocols.csfltr.corpus import N_FEATURES
+from foltr_async.protocols.csfltr.primitives import evaluate, listnet_step, pointwise_step
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols.csfltr import messages
-from protocols.csfltr.corpus import N_FEATURES
-from protocols.csfltr.primitives import evaluate, listnet_step, pointwise_step
 
 SMALL = """
 [scenario]
@@ -216,7 +216,7 @@ def test_what_a_corpus_derives_is_freed_with_it():
     import weakref
 
     from foltr_async.ltr.text import make_corpus
-    from protocols.csfltr.corpus import party_hashes, party_index, party_text, test_set
+    from foltr_async.protocols.csfltr.corpus import party_hashes, party_index, party_text, test_set
 
     hashes = party_hashes(1, 5, 64)
     refs = []

@@ -8,10 +8,10 @@ import pytest
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.observe.observer import Observer
+from foltr_async.protocols.eavesdrop import bayes_guess_rate, cosine, query_directions, query_scores
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols.eavesdrop import bayes_guess_rate, cosine, query_directions, query_scores
 
 # --------------------------------------------------------------------------- scoring pieces
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import protocols.foltr_es as es
+import foltr_async.protocols.foltr_es as es
 from foltr_async.ltr import serve_batch
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg, maxrr

@@ -1,5 +1,5 @@
 """The worked examples of docs/EXTENDING.md: a protocol and an attack written against
-``protocols.api`` and loaded as plugins, run in a small scenario."""
+``foltr_async.protocols.api`` and loaded as plugins, run in a small scenario."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from foltr_async.errors import FoltrError
-from foltr_async.registry import PLUGINS_ENV, REGISTRY, load_plugins
+from foltr_async.plugins import load_plugins
+from foltr_async.registry import PLUGINS_ENV, REGISTRY
 from foltr_async.runtime import secure
 from foltr_async.scenario.load import load_scenario
 from tests.test_simulation import simulate

@@ -9,10 +9,7 @@ from foltr_async.ltr.data import load_letor
 from foltr_async.ltr.metrics import ndcg
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.observer import Observer
-from foltr_async.runtime.clock import run
-from foltr_async.scenario.load import validate
-from foltr_async.simulation import Simulation
-from protocols.fedips import (
+from foltr_async.protocols.fedips import (
     _sigmoid,
     em_statistics,
     em_theta,
@@ -24,6 +21,9 @@ from protocols.fedips import (
     top_k_table,
     truncated_normal,
 )
+from foltr_async.runtime.clock import run
+from foltr_async.scenario.load import validate
+from foltr_async.simulation import Simulation
 
 # ------------------------------------------------------------------------------ users
 

@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import protocols.foltr_es as es
+import foltr_async.protocols.foltr_es as es
 from foltr_async.ltr.metrics import maxrr
 from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
+from foltr_async.protocols.fpdgd import batch_kind
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Simulation
-from protocols.fpdgd import batch_kind
 
 N_FEATURES = 46  # MQ2008
 

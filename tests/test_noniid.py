@@ -10,12 +10,12 @@ from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel, PositionBasedModel, cascade
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.observe.observer import Observer
+from foltr_async.protocols.noniid import MixtureClickModel, stack_views
+from foltr_async.protocols.users import K
 from foltr_async.runtime.clock import run
 from foltr_async.runtime.codec import Envelope
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Simulation
-from protocols.noniid import MixtureClickModel, stack_views
-from protocols.users import K
 
 INTENTS = {"profile": "intent-change-like", "n_queries": 150}
 GRADED = {"profile": "mq2007-like", "n_queries": 150}

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-import protocols.fpdgd as fpdgd
+import foltr_async.protocols.fpdgd as fpdgd
 from foltr_async.ltr import pdgd_batch
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch, train_mlp_batch

@@ -21,12 +21,12 @@ from foltr_async.observe.privacy import (
     rr_epsilon,
     sampled,
 )
+from foltr_async.protocols import fpdgd
+from foltr_async.protocols.foltr_es import SEED_METRIC
 from foltr_async.runtime.clock import run
 from foltr_async.runtime.codec import decode
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
-from protocols import fpdgd
-from protocols.foltr_es import SEED_METRIC
 
 
 def test_randomised_response_epsilon_is_the_likelihood_ratio():

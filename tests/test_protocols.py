@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from foltr_async.protocols.foltr_es import LEVELS, epsilon_bound, perturbation, privatise
+from foltr_async.protocols.fpdgd import calibrate, clip_norm, gamma_noise
 from foltr_async.runtime.codec import DropMessage, Envelope, decode, encode
-from protocols.foltr_es import LEVELS, epsilon_bound, perturbation, privatise
-from protocols.fpdgd import calibrate, clip_norm, gamma_noise
 
 MESSAGES = [
     ("fpdgd.model", {"params": np.arange(5.0)}),

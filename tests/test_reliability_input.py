@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import cli as bench_cli
-from benchmarks.report import Check
 from foltr_async import cli
+from foltr_async.benchmarks import cli as bench_cli
+from foltr_async.benchmarks.report import Check
 from foltr_async.errors import ScenarioError
 from foltr_async.experiment import conclusions
 from foltr_async.ltr.synthetic import make_dataset_files

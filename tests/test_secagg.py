@@ -7,19 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Envelope, decode
-from foltr_async.runtime.secure import SecureAggregationError, Summable
-from protocols.eavesdrop import cosine
-from protocols.secagg import messages
-from protocols.secagg.measurement import (
+from foltr_async.protocols.eavesdrop import cosine
+from foltr_async.protocols.secagg import messages
+from foltr_async.protocols.secagg.measurement import (
     BENCH_UPDATE,
     cost,
     plaintext_mean,
     relative_error,
     vector_rounds,
 )
-from protocols.secagg.primitives import (
+from foltr_async.protocols.secagg.primitives import (
     PRIME,
     from_ring,
     harary,
@@ -29,6 +26,9 @@ from protocols.secagg.primitives import (
     threshold_of,
     to_ring,
 )
+from foltr_async.runtime.clock import run
+from foltr_async.runtime.codec import Envelope, decode
+from foltr_async.runtime.secure import SecureAggregationError, Summable
 
 # --------------------------------------------------------------------------- primitives
 

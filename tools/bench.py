@@ -12,7 +12,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cli import main  # noqa: E402
+from foltr_async.benchmarks.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

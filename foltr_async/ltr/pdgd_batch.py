@@ -6,9 +6,9 @@ each: its own weights, queries, click model and ``numpy.random.Generator``) adva
 one interaction step at a time, and everything but scoring runs in compiled code
 (``foltr_async.ltr.pdgd_kernel``): one call draws every job's random numbers, then per step one
 call ranks, clicks, measures and updates every job. One query at a time (the reference,
-``protocols.fpdgd.LocalLearner.train``) an interaction is ~20 small numpy calls; here it is one
-product and a share of two compiled calls, whatever the batch size, so staggered arrivals
-(batches of one or two jobs) are as cheap per query as full rounds.
+``foltr_async.protocols.fpdgd.LocalLearner.train``) an interaction is ~20 small numpy calls;
+here it is one product and a share of two compiled calls, whatever the batch size, so
+staggered arrivals (batches of one or two jobs) are as cheap per query as full rounds.
 
 Same draws, same result. Every random number a job uses comes from its own generator in exactly
 the sequential path's order: per interaction ``rng.integers(len(queries))``

@@ -30,7 +30,8 @@ import numpy as np
 import structlog
 
 from foltr_async.runtime.codec import Envelope
-from foltr_async.runtime.engine import RoundReport, ServerAgent, round_half_up
+from foltr_async.runtime.engine import RoundReport, ServerAgent
+from foltr_async.runtime.rounds import round_half_up
 
 log = structlog.get_logger()
 

@@ -22,7 +22,7 @@ bytes and tagged lists; reading builds only
 - a view of such an array as a contiguous slice of it (e.g. an MLP's layer views into its flat
   parameter vector; a view of an array that is not saved too is saved as a copy);
 - numpy ``Generator``s from their bit generator's name (one of numpy's) and ``state`` dict;
-- instances of the project's own classes (``foltr_async.*``, ``protocols.*``, already
+- instances of the project's own classes (``foltr_async.*``, protocols included, already
   imported, allocated without running a constructor, attributes set directly);
 - methods of the project's classes bound to such an object or to the run's machinery
   (callbacks);
@@ -83,7 +83,7 @@ _FRESH: dict[str, type] = {
 _FRESH_NAME = {kind: name for name, kind in _FRESH.items()}
 _NONE = (asyncio.AbstractEventLoop, asyncio.Future, asyncio.Handle)
 #: modules whose classes a checkpoint may hold (rebuilt with ``cls.__new__``, no constructor)
-_PROJECT = ("foltr_async.", "protocols.")
+_PROJECT = ("foltr_async.",)
 #: array and scalar dtypes a checkpoint may hold: numbers, booleans, fixed-width text
 _DTYPE = re.compile(r"[<>|](b1|[iu][1248]|f[248]|c(8|16)|[US][0-9]{1,6})")
 _BIT_GENERATORS = {
@@ -97,7 +97,8 @@ _BIT_GENERATORS = {
     )
 }
 #: the header of a checkpoint file: format name, then the payload's SHA-256, then the payload
-MAGIC = b"foltr-async checkpoint 3\n"
+#: (4: protocol classes are named ``foltr_async.protocols.*``, no longer ``protocols.*``)
+MAGIC = b"foltr-async checkpoint 4\n"
 _DIGEST = 32
 
 # node tags: a node is a msgpack list [tag, ...]; scalars, strings and bytes stand for themselves

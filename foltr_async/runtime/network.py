@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from foltr_async.errors import ScenarioError
-from foltr_async.registry import suggest
+from foltr_async.names import suggest
 from foltr_async.runtime.flgo import FlgoModels
 from foltr_async.runtime.traces import Trace, load_trace
 

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import structlog
@@ -42,7 +42,7 @@ from foltr_async.runtime.codec import Envelope
 
 if TYPE_CHECKING:
     from foltr_async.runtime.agent import Agent
-    from foltr_async.runtime.engine import ServerAgent, Strategy
+    from foltr_async.runtime.rounds import RoundPlan, Strategy
     from foltr_async.scenario.fields import Field
 
 __all__ = [
@@ -162,6 +162,20 @@ class Phase:
         return {k: self.got[k] for k in sorted(self.got)}
 
 
+class RoundServer(Protocol):
+    """What a scheme's server half uses of the round engine's ``ServerAgent`` (named here, not
+    imported: the engine imports this module to drive the hooks)."""
+
+    id: str
+    plan: RoundPlan
+
+    def on(self, kind: str, handler: Callable[[Envelope], None]) -> None: ...
+
+    def send(self, dst: str, kind: str, body: dict, round: int = 0) -> None: ...
+
+    def broadcast(self, dsts: Sequence[str], kind: str, body: dict, round: int = 0) -> None: ...
+
+
 class SecureServer(Checkpointed, ABC):
     """The server half of a scheme, driven by ``ServerAgent.run_rounds``.
 
@@ -178,13 +192,13 @@ class SecureServer(Checkpointed, ABC):
         self.spec = spec
         self.deadline = deadline
         self.emit = emit
-        self.server: ServerAgent | None = None
+        self.server: RoundServer | None = None
         self.failures: list[dict[str, Any]] = []
         self.late = 0
         self._phase: Phase | None = None
         self._facts: dict[int, dict[str, Any]] = {}
 
-    def attach(self, server: ServerAgent) -> None:
+    def attach(self, server: RoundServer) -> None:
         """Called once by the server agent: route the phase replies here."""
         self.server = server
         for kind in self.phase_kinds:
@@ -369,7 +383,8 @@ def scheme(name: str = DEFAULT_SCHEME) -> Scheme:
     entry = _SCHEMES.get(name)
     if entry is None:
         raise ScenarioError(
-            f"federation.secure_aggregation: no scheme {name!r} is registered (import protocols)"
+            f"federation.secure_aggregation: no scheme {name!r} is registered "
+            "(load_plugins imports it)"
         )
     return entry
 

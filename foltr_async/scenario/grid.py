@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from foltr_async.errors import ScenarioError
-from foltr_async.registry import suggest
+from foltr_async.names import suggest
 from foltr_async.scenario.fields import Field, check_table, fail
 
 GRID_FIELDS = {

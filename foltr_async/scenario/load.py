@@ -15,7 +15,8 @@ from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped
-from foltr_async.registry import load_plugins, suggest, unknown
+from foltr_async.names import suggest
+from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 ACTIONS = ("join", "leave", "crash", "rejoin", "attack_start", "attack_stop", "unlearn")
@@ -191,6 +192,12 @@ def label(path: Path, variant: str, named: bool) -> str:
 
 
 def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None = None) -> Scenario:
+    """The scenario file, every variant validated. Reading a file is where a program (the CLI,
+    a worker, a notebook) starts, so the protocols and plugins are loaded here, before
+    ``validate`` looks their names up (``validate`` itself never loads anything)."""
+    from foltr_async.plugins import load_plugins
+
+    load_plugins()
     path = Path(path)
     where = str(path)
     try:
@@ -348,8 +355,11 @@ def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[
 
 
 def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> dict[str, Any]:
-    """One variant's config with every default filled in, or a one-line ScenarioError."""
-    registry = load_plugins()
+    """One variant's config with every default filled in, or a one-line ScenarioError.
+
+    Names are looked up in the registry as it is: the caller loads the protocols and plugins
+    first (``foltr_async.plugins.load_plugins``; ``load_scenario`` does)."""
+    registry = REGISTRY
     check_sections(raw, VARIANT_LEVEL, where)
     cfg: dict[str, Any] = {}
     for section, fields in SECTIONS.items():
@@ -456,7 +466,7 @@ def _partition(fed: dict[str, Any], where: str, proto) -> None:
             "federation.partition",
             f"no table: protocol {proto.name!r} does not read per-client data",
         )
-    from foltr_async.simulation import partitioner
+    from foltr_async.contract import partitioner
 
     entry = partitioner()
     if entry is None:

@@ -83,10 +83,10 @@ candidates, test set), ``primitives`` (ListNet, evaluation, both halves of a rev
 
 from __future__ import annotations
 
+from foltr_async.protocols.csfltr.eavesdropper import RelayEavesdropper
+from foltr_async.protocols.csfltr.server import CSFLTR
 from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.scenario.fields import param, parameters
-from protocols.csfltr.eavesdropper import RelayEavesdropper
-from protocols.csfltr.server import CSFLTR
 
 MODES = ("csfltr", "local", "local+", "global")
 LEARNERS = ("listnet", "pointwise")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
+from foltr_async.contract import RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.sketch import DocSketch, RTKSketch, SketchHashes, top_k
@@ -27,7 +28,6 @@ from foltr_async.ltr.textfeatures import (
 )
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
-from foltr_async.simulation import RunContext
 
 N_FEATURES = len(FEATURE_NAMES)
 T = TypeVar("T")
@@ -120,6 +120,21 @@ class PartyIndex(PartyText):
 
     doc_sketch: tuple[DocSketch, DocSketch]
     rtk: RTKSketch
+
+
+class CorpusRun(Protocol):
+    """What a party, the relay's eavesdropper and the measurements read of the run
+    (``server.CSFLTR``, which builds them: named here so that they need not import it)."""
+
+    ctx: RunContext
+    mode: str
+    corpus: TextCorpus
+    hashes: SketchHashes
+    test: QuerySet
+
+    def index(self, p: int) -> PartyIndex: ...
+
+    def terms(self, q: int) -> np.ndarray: ...
 
 
 def _derived(corpus: TextCorpus) -> dict:

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from foltr_async.protocols.csfltr.messages import QUERIES, TF_QUERY
+from foltr_async.protocols.eavesdrop import TapEavesdropper
 from foltr_async.runtime.codec import decode
-from protocols.csfltr.messages import QUERIES, TF_QUERY
-from protocols.eavesdrop import TapEavesdropper
 
 if TYPE_CHECKING:
-    from protocols.csfltr.server import CSFLTR
+    from foltr_async.protocols.csfltr.corpus import CorpusRun
 
 
 class RelayEavesdropper(TapEavesdropper):
@@ -30,7 +30,7 @@ class RelayEavesdropper(TapEavesdropper):
 
     taps = dict.fromkeys(QUERIES, "dst")  # the parties' queries to the relay
 
-    def __init__(self, agent_id: str, run: CSFLTR, rng: np.random.Generator) -> None:
+    def __init__(self, agent_id: str, run: CorpusRun, rng: np.random.Generator) -> None:
         super().__init__(agent_id, run.ctx, ["server"])
         self.rng = rng
         V = run.corpus.n_terms

@@ -14,12 +14,11 @@ import numpy as np
 
 from foltr_async.ltr.sketch import cover_rate
 from foltr_async.ltr.text import TextCorpus
-from protocols.csfltr.corpus import PartyIndex, PartyText, party_text
-from protocols.csfltr.messages import NAIVE_ANSWER, NAIVE_QUERY, RTK_ANSWER, RTK_QUERY
+from foltr_async.protocols.csfltr.corpus import CorpusRun, PartyIndex, PartyText, party_text
+from foltr_async.protocols.csfltr.messages import NAIVE_ANSWER, NAIVE_QUERY, RTK_ANSWER, RTK_QUERY
 
 if TYPE_CHECKING:
-    from foltr_async.simulation import Probe
-    from protocols.csfltr.server import CSFLTR
+    from foltr_async.contract import Probe
 
 MEASURED = "csfltr.measured"  # probe extras key of the parties' raw measurements
 _STATS = (
@@ -90,7 +89,7 @@ class Measurements:
         stats["tf_abs_err"].append(float(np.abs(est - true).mean()))
         stats["tf_true"].append(float(true.mean()))
 
-    def report(self, run: CSFLTR) -> dict:
+    def report(self, run: CorpusRun) -> dict:
         """The run's measurements, summarised for results.json (the raw lists are not written)."""
         measured = self.probe.extras.pop(MEASURED, {})  # raw lists: summarised here, not written
         parties = sorted(measured)

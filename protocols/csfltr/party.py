@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,9 +22,14 @@ from foltr_async.ltr.sketch import (
     uniform_decoys,
 )
 from foltr_async.ltr.textfeatures import exact_features, field_features
-from foltr_async.runtime.agent import Agent, handles
-from protocols.csfltr.corpus import N_FEATURES, block_norm, own_candidates, query_set
-from protocols.csfltr.messages import (
+from foltr_async.protocols.csfltr.corpus import (
+    N_FEATURES,
+    CorpusRun,
+    block_norm,
+    own_candidates,
+    query_set,
+)
+from foltr_async.protocols.csfltr.messages import (
     MODEL,
     NAIVE_ANSWER,
     NAIVE_QUERY,
@@ -36,10 +40,14 @@ from protocols.csfltr.messages import (
     TF_QUERY,
     UPDATE,
 )
-from protocols.csfltr.primitives import STEPS, naive_answer, naive_top, rtk_answer, rtk_top
-
-if TYPE_CHECKING:
-    from protocols.csfltr.server import CSFLTR
+from foltr_async.protocols.csfltr.primitives import (
+    STEPS,
+    naive_answer,
+    naive_top,
+    rtk_answer,
+    rtk_top,
+)
+from foltr_async.runtime.agent import Agent, handles
 
 
 @dataclass
@@ -57,7 +65,7 @@ class Party(Agent):
 
     role = "client"
 
-    def __init__(self, agent_id: str, run: CSFLTR, p: int, rng: np.random.Generator) -> None:
+    def __init__(self, agent_id: str, run: CorpusRun, p: int, rng: np.random.Generator) -> None:
         super().__init__(agent_id, run.ctx.bus)
         self.proto, self.p, self.rng = run, p, rng
         self.noise_key = int(rng.integers(2**63))  # secret of the owner's answer noise

@@ -1,6 +1,6 @@
 """Pure functions both roles and the cost benchmark call: a ListNet or pointwise step and the
 evaluation of a linear model, and the owner's and querier's halves of a reverse top-K by
-RTK-Sketch and by NAIVE (``protocols.rtk_cost`` times them on one collection)."""
+RTK-Sketch and by NAIVE (``foltr_async.protocols.rtk_cost`` times them on one collection)."""
 
 from __future__ import annotations
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
-from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.engine import Strategy
-from foltr_async.simulation import ProtocolRun, RunContext
-from protocols.csfltr.corpus import (
+from foltr_async.protocols.csfltr.corpus import (
     N_FEATURES,
     PartyIndex,
     corpus_for,
@@ -18,10 +16,12 @@ from protocols.csfltr.corpus import (
     query_terms,
     test_set,
 )
-from protocols.csfltr.measurement import Measurements
-from protocols.csfltr.messages import MODEL, QUERIES, STATS, UPDATE
-from protocols.csfltr.party import Party
-from protocols.csfltr.primitives import evaluate
+from foltr_async.protocols.csfltr.measurement import Measurements
+from foltr_async.protocols.csfltr.messages import MODEL, QUERIES, STATS, UPDATE
+from foltr_async.protocols.csfltr.party import Party
+from foltr_async.protocols.csfltr.primitives import evaluate
+from foltr_async.runtime.agent import Agent, client_id, handles
+from foltr_async.runtime.engine import Strategy
 
 
 class CSFLTRStrategy(Strategy):

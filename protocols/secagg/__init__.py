@@ -54,12 +54,13 @@ configuration's per-round cost on the real bus with vector clients, for the benc
 
 from __future__ import annotations
 
+from foltr_async.protocols import eavesdrop, fpdgd
+from foltr_async.protocols.secagg.eavesdropper import MaskedEavesdropper
+from foltr_async.protocols.secagg.measurement import cost
+from foltr_async.protocols.secagg.scheme import make_run
+from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.registry import REGISTRY, BehaviourEntry
 from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
-from protocols import eavesdrop, fpdgd
-from protocols.secagg.eavesdropper import MaskedEavesdropper
-from protocols.secagg.measurement import cost
-from protocols.secagg.scheme import Settings, make_run
 
 __all__ = ["cost"]
 

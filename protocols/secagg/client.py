@@ -4,20 +4,12 @@ neighbours, the masked upload, and the shares it reveals so the server can unmas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from foltr_async.runtime.agent import Agent
-from foltr_async.runtime.codec import Envelope
-from foltr_async.runtime.secure import SecureAggregationError, SecureClient, Summable
-
-if TYPE_CHECKING:
-    from protocols.secagg.scheme import Settings
-
-from protocols.secagg.messages import (
+from foltr_async.protocols.secagg.messages import (
     ADVERTISE,
     KEYS,
     MASKED,
@@ -29,7 +21,7 @@ from protocols.secagg.messages import (
     SHARES,
     UNMASK,
 )
-from protocols.secagg.primitives import (
+from foltr_async.protocols.secagg.primitives import (
     CHUNKS,
     KEY_LEN,
     kdf,
@@ -42,6 +34,10 @@ from protocols.secagg.primitives import (
     share_label,
     to_ring,
 )
+from foltr_async.protocols.secagg.settings import Settings
+from foltr_async.runtime.agent import Agent
+from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.secure import SecureAggregationError, SecureClient, Summable
 
 log = structlog.get_logger()
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from foltr_async.protocols import eavesdrop, fpdgd
+from foltr_async.protocols.secagg.messages import MASKED
+from foltr_async.protocols.secagg.primitives import from_ring
+from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.runtime.codec import Envelope, decode, encode
-from protocols import eavesdrop, fpdgd
-from protocols.secagg.messages import MASKED
-from protocols.secagg.primitives import from_ring
-from protocols.secagg.scheme import Settings
 
 
 class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):

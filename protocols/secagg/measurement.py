@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from foltr_async.protocols.secagg.client import SecAggClient
+from foltr_async.protocols.secagg.scheme import make_run
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Envelope, Int, register_kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
 from foltr_async.runtime.secure import SecureRun, Summable, reply
-from protocols.secagg.client import SecAggClient
-from protocols.secagg.scheme import make_run
 
 BENCH_MODEL = "secagg.bench.model"
 BENCH_UPDATE = "secagg.bench.update"

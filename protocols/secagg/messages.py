@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from foltr_async.protocols.secagg.primitives import CHUNKS, KEY_LEN
 from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Str, register_kind
-from protocols.secagg.primitives import CHUNKS, KEY_LEN
 
 ADVERTISE = "secagg.advertise"
 KEYS = "secagg.keys"

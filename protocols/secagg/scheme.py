@@ -1,31 +1,11 @@
-"""What a scenario may set for SecAgg (``[federation.secagg]``), and a run's two halves built
-from it."""
+"""A run's two SecAgg halves, built from the scenario's ``[federation.secagg]`` settings."""
 
 from __future__ import annotations
 
+from foltr_async.protocols.secagg.client import SecAggClient
+from foltr_async.protocols.secagg.server import SecAggServer
+from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.runtime.secure import SecureRun, Summable
-from foltr_async.scenario.fields import param, parameters
-from protocols.secagg.client import SecAggClient
-from protocols.secagg.server import SecAggServer
-
-
-@parameters
-class Settings:
-    degree: int = param(
-        0, "neighbours per client: 0 = all (SecAgg), k = Harary graph (SecAgg+)", min=0
-    )
-    threshold: float = param(
-        0.5, "shares needed = floor(threshold * neighbours) + 1", min=0.5, max=1.0
-    )
-    precision_bits: int = param(
-        32, "fractional bits of the fixed-point encoding in Z_2^64", min=8, max=48
-    )
-    deadline: float | None = param(
-        None, "simulated seconds per key/unmask phase (default: federation.deadline)", min=0.0
-    )
-    dropout: float = param(
-        0.0, "probability a client fails to upload after sharing its keys", min=0.0, max=1.0
-    )
 
 
 def make_run(spec: Summable, settings: dict, rng, emit) -> SecureRun:

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from foltr_async.runtime.codec import Envelope
-from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
-
-if TYPE_CHECKING:
-    from protocols.secagg.scheme import Settings
-
-from protocols.secagg.messages import (
+from foltr_async.protocols.secagg.messages import (
     ADVERTISE,
     CT_LEN,
     KEYS,
@@ -28,7 +22,7 @@ from protocols.secagg.messages import (
     SHARES,
     UNMASK,
 )
-from protocols.secagg.primitives import (
+from foltr_async.protocols.secagg.primitives import (
     KEY_LEN,
     from_ring,
     harary,
@@ -39,6 +33,9 @@ from protocols.secagg.primitives import (
     shamir_combine,
     threshold_of,
 )
+from foltr_async.protocols.secagg.settings import Settings
+from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""What a round is made of: its plan and the protocol's server side (``Strategy``).
+
+Below both the round engine (``engine.py``), which plays rounds with a strategy, and secure
+aggregation (``secure.py``), which masks the replies of the strategies it covers, so neither
+imports the other's module to name these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from foltr_async.runtime.checkpoint import Checkpointed
+from foltr_async.runtime.codec import Envelope
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """How rounds are scheduled: who takes part, how long the server waits, when it evaluates."""
+
+    rounds: int
+    participation: float = 1.0  # fraction of online clients selected per round
+    min_clients: int = 1  # fewer replies than this: the round keeps the old model
+    deadline: float = 60.0  # simulated seconds the server waits for replies
+    round_gap: float = 0.0  # simulated idle time between rounds (users come back later)
+    eval_every: int = 1
+
+
+class Strategy(Checkpointed, ABC):
+    """The server side of a protocol: what a round broadcasts and how replies become a model.
+
+    Other messages the server takes (an unlearning request, a relay) are the strategy's too:
+    a plain method marked ``@handles(kind)``, as on an agent, which the server agent built with
+    the strategy runs as each such message is delivered, between and during rounds alike.
+    """
+
+    broadcast_kind: str
+    reply_kind: str
+
+    @abstractmethod
+    def configure_round(self, round: int) -> dict:
+        """Body of the round's broadcast (e.g. the global model)."""
+
+    def configure_for(self, round: int, participants: list[str]) -> dict:
+        """Body of the round's broadcast to ``participants``: ``configure_round``'s, unless the
+        message depends on who (or how many) take part."""
+        return self.configure_round(round)
+
+    @abstractmethod
+    def aggregate(self, round: int, replies: list[Envelope]) -> dict:
+        """Fold the replies (sorted by client id) into the global model; return facts to log."""
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the current global model."""
+
+    def select(
+        self, round: int, candidates: list[str], rng: np.random.Generator, plan: RoundPlan
+    ) -> list[str]:
+        """Participants of a round: a seeded sample of the online clients (all by default)."""
+        if plan.participation >= 1.0 or not candidates:
+            return candidates
+        n = max(plan.min_clients, round_half_up(plan.participation * len(candidates)))
+        n = min(n, len(candidates))
+        picked = rng.choice(len(candidates), size=n, replace=False)
+        return [candidates[i] for i in sorted(picked)]
+
+
+def round_half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
