@@ -294,7 +294,7 @@ def test_epsilon_under_l2_clipping_is_sqrt_d_times_the_nominal_and_l1_clipping_m
 
 def test_foltr_es_counts_every_release_the_server_received(tmp_path):
     """Rounds with fewer than min_clients replies keep the old model, but the clients' metrics
-    were sent: local DP charges them (two releases per round, antithetic)."""
+    were sent: local DP charges them (one release per privatised interaction: B = 4 a round)."""
     path = tmp_path / "es.toml"
     path.write_text(
         """
@@ -325,7 +325,7 @@ max_test_queries = 10
     per_client = result["privacy"]["per_client"]
     assert {c: v["rounds"] for c, v in per_client.items() if v["rounds"]} == sent
     worst = max(sent.values())
-    assert result["privacy"]["run"]["basic"] == pytest.approx(2 * worst * math.log(90.0))
+    assert result["privacy"]["run"]["basic"] == pytest.approx(4 * worst * math.log(90.0))
 
 
 def test_the_worst_client_of_a_variant_is_the_worst_over_its_repeats():
