@@ -23,8 +23,8 @@ class SignFlipClient(Client):
         super().__init__(agent_id, ctx, queries, rng)
         self.scale = scale
 
-    def train(self, start: np.ndarray) -> np.ndarray:
-        honest = super().train(start)  # its users still see rankings and click
+    async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
+        honest = await super().make_update(round, start)  # its users still see rankings, click
         return start - self.scale * (honest - start)
 
 

@@ -26,7 +26,9 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   protocol's ``[federation.params]``; the scenario is checked against it (one-line errors) and
   code reads ``ctx.params.lr``.
 - ``Users`` and ``K``: a client's users (their queries, clicks and the online metric) and the
-  result-page length. ``OnlineClient`` (a ranker copy, users, ``serve(q)`` -> ``Served``) and
+  result-page length. ``OnlineClient`` (the one PDGD learner: a ranker copy, users,
+  ``make_update`` for a round's training, batched across clients, and the hook an attacker
+  overrides; ``serve(q)`` -> ``Served``) and
   ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
   scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
   puts one of each together.

@@ -66,11 +66,11 @@ class DataPoisonClient(AttackerClient):
 
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
         super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
-        self.honest_clicks = self.learner.users.click_model
+        self.honest_clicks = self.users.click_model
         self.poison_clicks = ctx.click_model("poison")
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
-        users = self.learner.users
+        users = self.users
         users.click_model = self.poison_clicks if self.attacking else self.honest_clicks
         return await super().make_update(round, start)
 
@@ -208,7 +208,6 @@ class ColludingClient(AttackerClient, ABC):
         self.coalition = tuple(sorted(coalition))
         self.knowledge = knowledge
         self.wait = wait
-        self.rng = rng
         self.probe = ctx.probe
         fed = ctx.cfg["federation"]
         self.n = fed["clients"] + ctx.n_malicious  # federation size the attack is planned for

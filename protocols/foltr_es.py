@@ -149,6 +149,8 @@ def respond(value: float, other: int | None) -> float:
 
 
 class ESClient(OnlineClient):
+    trains = False  # it serves deterministic rankings; the server's evolution strategy learns
+
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
