@@ -79,6 +79,16 @@ def test_the_example_protocol_learns_and_the_attack_hurts_it(plugins, tmp_path):
     assert attacked["offline"]["ndcg@10"][-1] < curve[-1] - 0.1
 
 
+def test_the_example_trains_through_fpdgds_batched_learner(plugins, tmp_path):
+    """A protocol written from the guide reaches the run's batch pool, as FPDGD does: one
+    batched call per round (zero latency: every client's training at the same instant)."""
+    path = tmp_path / "extending.toml"
+    path.write_text(SCENARIO)
+    _, sim = simulate(load_scenario(path).variants["fedavgm"])
+    pool = sim.ctx.shared("fpdgd.train_pool", lambda: None)
+    assert pool.jobs == 6 * 30 and pool.batches == 30
+
+
 def test_the_tutorial_shows_the_examples_code():
     root = Path(__file__).resolve().parents[1]
     code = "".join((root / "examples" / f).read_text() for f in ("fedavgm.py", "signflip.py"))
