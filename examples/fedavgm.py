@@ -25,7 +25,6 @@ from foltr_async.protocols.api import (
     param,
     parameters,
     register_kind,
-    reply,
     summable,
 )
 
@@ -51,7 +50,7 @@ class Client(OnlineClient):
         self.users.round = env.round
         weights = await self.make_update(env.round, env.body["params"])
         body = {"params": weights, "n_interactions": self.interactions}
-        reply(self, env.src, UPDATE, body, env.round)  # masked under secure aggregation
+        self.reply(env.src, UPDATE, body, env.round)  # masked under secure aggregation
 
 
 class Server(ModelStrategy):

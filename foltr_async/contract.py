@@ -30,6 +30,7 @@ from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.engine import RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoSystem
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.secure import SecureClient, SecureRun
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
@@ -147,6 +148,9 @@ class RunContext:
     #: held-out queries with a relevant document in what ``evaluate`` scores (the fewest of
     #: any label view); None until it runs. 0: the offline metrics measured nothing.
     judged_queries: int | None = field(default=None, init=False, repr=False)
+    #: ``federation.secure_aggregation``: the run's scheme (None: off); clients take their
+    #: half from ``secure_half`` when they are built
+    secure: SecureRun | None = field(default=None, init=False, repr=False)
     #: the loop time of simulated time zero (``now``: a replayed log's clock)
     clock0: float = field(default=0.0, init=False, repr=False)
     #: The protocol's ``@parameters`` instance of ``[federation.params]`` (checked), built once
@@ -173,6 +177,12 @@ class RunContext:
                 "in-memory run, not a multi-process one"
             )
         return loop.time() - self.clock0
+
+    def secure_half(self, agent_id: str) -> SecureClient | None:
+        """The secure-aggregation half a client (or attacker) is built with
+        (``Agent(..., secure=...)``): it masks the summable reply; None without secure
+        aggregation."""
+        return self.secure.client(agent_id) if self.secure is not None else None
 
     def rng(self, *path: str | int) -> np.random.Generator:
         return stream(self.seed, *path)

@@ -260,12 +260,9 @@ class Simulation:
         )
         self.ctx = ctx
         proto = entry.build(ctx)
-        self.secure: SecureRun | None = build_secure(ctx)  # federation.secure_aggregation
-        if self.secure is not None and ctx.aggregator.robust:
-            raise ScenarioError(
-                f"federation.aggregator: {fed['aggregator']!r} needs single "
-                "updates and cannot combine with secure aggregation"
-            )
+        # federation.secure_aggregation (build refuses a robust aggregator with it)
+        self.secure: SecureRun | None = build_secure(ctx)
+        ctx.secure = self.secure  # clients and attackers are built with their halves
         n_clients = fed["clients"] + n_mal
         ctx.clock0 = getattr(self, "_sim0", 0.0)
         if data.logs is not None:  # a logged federation: each client replays one user
@@ -361,8 +358,6 @@ class Simulation:
 
     def _add(self, agent: Agent, group: str) -> None:
         self.agents[agent.id] = agent
-        if self.secure is not None and group in ("clients", "attackers"):
-            self.secure.enrol(agent)  # its secure-aggregation half masks its updates
         self.groups[group].append(agent.id)
 
     def _resolve(self, names: list[str], path: str = "timeline") -> list[str]:

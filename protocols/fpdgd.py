@@ -53,7 +53,7 @@ from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply, summable
+from foltr_async.runtime.secure import summable
 from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
@@ -185,7 +185,7 @@ class FPDGDClient(OnlineClient):
             self.interactions = users.pending(self.ctx.now())
             if self.interactions == 0:  # none: an empty update (weight 0), counted
                 replayed(self.ctx, "empty_updates")
-                reply(self, env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
+                self.reply(env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
                 return
         else:
             self.interactions = self.ctx.local_work(self.id, self.batch)
@@ -193,8 +193,8 @@ class FPDGDClient(OnlineClient):
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
         # reply() masks the update when secure aggregation is on (else it is self.send)
-        reply(
-            self, env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
+        self.reply(
+            env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
         )
 
     @handles(CALIBRATE)

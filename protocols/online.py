@@ -46,7 +46,7 @@ class OnlineClient(Agent):
         rng: np.random.Generator,
         **learner,
     ) -> None:
-        super().__init__(agent_id, ctx.bus)
+        super().__init__(agent_id, ctx.bus, ctx.secure_half(agent_id))
         self.ctx = ctx
         if "lr" not in learner:
             learner["lr"] = ctx.params.lr if self.trains else None
