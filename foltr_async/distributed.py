@@ -95,7 +95,7 @@ from foltr_async.runtime.zmqbus import (
     stats_delta,
 )
 from foltr_async.scenario.load import Scenario
-from foltr_async.simulation import Simulation, load_datasets
+from foltr_async.simulation import ROLE_OF_GROUP, Simulation, load_datasets
 
 __all__ = [
     "LocalWorkers",
@@ -252,7 +252,7 @@ class RemoteAgent:
     def __init__(self, agent_id: str, group: str) -> None:
         self.id = agent_id
         self.group = group
-        self.role = "client"
+        self.role = ROLE_OF_GROUP[group]
         self.state = "new"
         self.rounds_joined = 0
         self.last_kind: str | None = None

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
+#: an agent's role, from the run's group it is placed in (a behaviour's group: its entry's role)
+ROLE_OF_GROUP = {"clients": "client", "attackers": "attacker", "eavesdroppers": "eavesdropper"}
+
 
 @heap.process_cache(maxsize=4)
 def _load(
@@ -357,6 +360,9 @@ class Simulation:
             self.groups[group].append(aid)
 
     def _add(self, agent: Agent, group: str) -> None:
+        # the group the scenario put the agent in is the one source of its role (on the bus,
+        # for link rules, and on the console): an attack's class may inherit an honest client's
+        agent.role = ROLE_OF_GROUP[group]
         self.agents[agent.id] = agent
         self.groups[group].append(agent.id)
 

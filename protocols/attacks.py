@@ -51,8 +51,6 @@ KRUM_COPY_RADIUS = 1e-6
 class AttackerClient(FPDGDClient):
     """An FPDGD client that attacks while ``attacking``, which the timeline switches."""
 
-    role = "attacker"
-
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         self.attacking = attacking

@@ -132,7 +132,6 @@ class TapEavesdropper(Agent, ABC):
     precede its task's first run), learns from each tapped message's exact bytes (undecodable
     ones are counted) and publishes its ``summary`` under ``eavesdrop`` when the run ends."""
 
-    role = "eavesdropper"
     #: kind -> "src" | "dst": which end of the tapped link must be a target
     taps: ClassVar[dict[str, str]] = {}
     #: the protocol whose messages it taps: a subclass naming one registers itself for it

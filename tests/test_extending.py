@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from foltr_async.errors import FoltrError
+from foltr_async.observe.observer import Observer
 from foltr_async.plugins import load_plugins
 from foltr_async.registry import PLUGINS_ENV, REGISTRY
 from foltr_async.runtime import secure
+from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
+from foltr_async.simulation import Simulation
 from tests.test_simulation import simulate
 
 SCENARIO = """
@@ -77,6 +80,29 @@ def test_the_example_protocol_learns_and_the_attack_hurts_it(plugins, tmp_path):
     assert curve[-1] > zero + 0.1
     attacked, _ = simulate(variants["attacked"])
     assert attacked["offline"]["ndcg@10"][-1] < curve[-1] - 0.1
+
+
+def test_the_guides_attacker_is_an_attacker_on_the_bus_and_the_console(plugins, tmp_path):
+    """Its class inherits the honest client's; its role still comes from its behaviour: the
+    link rules (``attacker->server``) apply to it and the console counts it as one."""
+    path = tmp_path / "extending.toml"
+    link = '"attacker->server" = { kind = "constant", value = 5.0 }'
+    path.write_text(SCENARIO + "[network]\nlinks = { " + link + " }\n")
+    changed: list[tuple[str, str]] = []
+
+    class Roles(Observer):
+        def agent_changed(self, agent_id, role, state, rounds, last_kind) -> None:
+            changed.append((agent_id, role))
+
+    sim = Simulation(load_scenario(path).variants["attacked"], 3, Roles())
+    result = run(sim.run())
+    attackers = sim.groups["attackers"]
+    assert attackers == ["client-0004", "client-0005"]
+    assert {r for a, r in changed if a in attackers} == {"attacker"}
+    assert {r for a, r in changed if a not in attackers} == {"client"}
+    assert [sim.bus._roles[a] for a in attackers] == ["attacker", "attacker"]
+    # the attacker->server link applies to them: every round waits 5 s for their updates
+    assert result["sim_times"][-1] == pytest.approx(30 * 5.0)
 
 
 def test_the_example_trains_through_fpdgds_batched_learner(plugins, tmp_path):
