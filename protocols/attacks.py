@@ -207,8 +207,7 @@ class ColludingClient(AttackerClient, ABC):
         self.knowledge = knowledge
         self.wait = wait
         self.probe = ctx.probe
-        fed = ctx.cfg["federation"]
-        self.n = fed["clients"] + ctx.n_malicious  # federation size the attack is planned for
+        self.n = ctx.n_clients  # federation size the attack is planned for
         self.m_defender = ctx.n_malicious  # the m the robust aggregator assumes
         self._shares: dict[int, dict[str, np.ndarray]] = {}
         self._benign: dict[int, dict[str, np.ndarray]] = {}  # full knowledge: tapped updates
@@ -355,8 +354,8 @@ class FangClient(ColludingClient):
 def coalition_of(ctx, group: dict) -> list[str]:
     """The ids of one attacker group (the simulation numbers attackers after the honest clients,
     group by group, in scenario order)."""
-    i = ctx.cfg["federation"]["clients"]
-    for g in ctx.cfg["agents"]:
+    i = ctx.honest_clients
+    for g in ctx.agent_groups:
         if g["role"] != "attacker":
             continue
         if g is group:

@@ -142,12 +142,11 @@ class FPDGDClient(OnlineClient):
         self.noise_scale = p.sensitivity / p.epsilon if p.dp else 0.0
         #: how many clients the round's noise is split over: the server says it with the model
         #: (a server that does not gets the federation's size, the paper's choice)
-        self.shares = ctx.cfg["federation"]["clients"] + ctx.n_malicious
+        self.shares = ctx.n_clients
         # asynchronous FPDGD's clients neither store nor calibrate
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        unlearning = any(t["action"] == "unlearn" for t in ctx.cfg["timeline"])
-        self.store_every = getattr(p, "store_every", None) if unlearning else None
+        self.store_every = getattr(p, "store_every", None) if ctx.unlearning else None
         self.calibration_steps = getattr(p, "calibration_steps", None)
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
@@ -278,7 +277,7 @@ class FPDGD(ProtocolRun):
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
-    unlearns = True
+    actions = ProtocolRun.actions | {"unlearn"}
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
@@ -291,7 +290,9 @@ class FPDGD(ProtocolRun):
     def attach_server(self, server) -> None:
         self.server = server  # a request is stamped with the round being played
 
-    async def request_unlearning(self, agent: Agent) -> None:
+    async def act(self, agent: Agent, action: str) -> None:
+        if action != "unlearn":
+            return await super().act(agent, action)
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
         await agent.leave()  # the leaver never participates again
 
@@ -301,7 +302,7 @@ class FPDGD(ProtocolRun):
         leavers = self.strategy.leavers
         if not leavers:
             return
-        p, fed = self.ctx.params, self.ctx.cfg["federation"]
+        p, ctx = self.ctx.params, self.ctx
         last = reports[-1].round if reports else 0
         stored_rounds = list(range(p.store_every, last + 1, p.store_every))
         if not stored_rounds:
@@ -312,7 +313,7 @@ class FPDGD(ProtocolRun):
         plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
         self.ctx.emit("unlearn_start", clients=sorted(leavers), rounds=len(stored_rounds))
         calib = await server.run_rounds(strategy, plan, first_round=last + 1)
-        n_clients = fed["clients"] + self.ctx.n_malicious
+        n_clients = ctx.n_clients
         remaining = [c.replied for c in calib]
         d = self.strategy.model.size
         self.cost = {
@@ -323,7 +324,7 @@ class FPDGD(ProtocolRun):
             # retraining = every training round again, without the leavers
             "retrain_interactions": len(reports)
             * (n_clients - len(leavers))
-            * fed["queries_per_client"],
+            * ctx.queries_per_client,
             "calibration_messages": 2 * int(sum(remaining)),
             "retrain_messages": 2 * len(reports) * (n_clients - len(leavers)),
             "storage_bytes_per_client": len(stored_rounds) * d * 8,
@@ -343,18 +344,18 @@ class FPDGD(ProtocolRun):
         per client and per run, under the sensitivity the clipping gives (``epsilon_mechanism``)
         and, for comparison, the paper's nominal reading (``nominal``: Laplace every round,
         sensitivity Delta). The guarantee is of the round's aggregate (central DP)."""
-        p, fed = self.ctx.params, self.ctx.cfg["federation"]
+        p, ctx = self.ctx.params, self.ctx
         d = self.strategy.model.size
         eps_mech = p.l1_sensitivity(d) * p.epsilon / p.sensitivity
         played = sorted(self.taken_part)
-        n = fed["clients"] + self.ctx.n_malicious
+        n = ctx.n_clients
         # a round the server announced nothing in: the clients split over everyone (the paper)
         shares = {r: self.strategy.shares.get(r, n) for r in played}
         shape = {r: len(self.taken_part[r]) / shares[r] for r in played}
         mechs = {r: gamma_difference(eps_mech, shape[r]) for r in played}
         pure = [mechs[r].pure_epsilon for r in played]
         clients = [client_id(i) for i in range(n)]
-        every = self.ctx.cfg["evaluation"]["every"]
+        every = ctx.eval_every
         curve = [r for r in range(1, self.last_round + 1) if r % every == 0 or r == self.last_round]
         nominal = account(laplace(p.epsilon), self.taken_part, clients, [], p.accounting_delta)
         return {
@@ -380,7 +381,7 @@ class FPDGD(ProtocolRun):
             "nominal": {
                 "epsilon_per_round": p.epsilon,
                 "sensitivity": p.sensitivity,
-                "epsilon_basic_composition_all_rounds": p.epsilon * fed["rounds"],
+                "epsilon_basic_composition_all_rounds": p.epsilon * ctx.rounds,
                 "run": nominal["run"],
             },
             **account(mechs, self.taken_part, clients, curve, p.accounting_delta),

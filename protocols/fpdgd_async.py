@@ -208,7 +208,7 @@ class AsyncFPDGD(ProtocolRun):
                 "federation.params.rho: expected lr * rho < 2 (the proximal step "
                 f"-lr * rho * (y - w) overshoots and diverges), got {step:g}"
             )
-        if ctx.cfg["federation"].get("secure_aggregation"):
+        if ctx.secure_aggregation:
             raise ScenarioError(
                 "federation.secure_aggregation: expected false for asynchronous FPDGD "
                 "(there is no round of updates to mask together)"

@@ -215,9 +215,9 @@ def _click_models(spec: dict, n_grades: int) -> list:
 
 def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -> Partition:
     """Every client's data under ``[federation.partition]`` (see the module docstring)."""
-    spec = ctx.cfg["federation"]["partition"]
+    spec = ctx.partition_spec
     train, test = ctx.data.train, ctx.data.test
-    cap = ctx.cfg["evaluation"]["max_test_queries"]
+    cap = ctx.max_test_queries
     if cap is not None and cap < test.n_queries:
         test = test.subset(np.arange(cap))
     iid, how = spec["iid"], spec["assign"]
@@ -298,7 +298,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     if stacked is not train:
         ctx.shared("noniid.train", lambda: stacked)  # checkpoints name it, never copy it
 
-    own = assign_queries(train.n_queries, n_clients, ctx.cfg["federation"]["data"], rng)
+    own = assign_queries(train.n_queries, n_clients, ctx.data_mode, rng)
     models = _click_models(spec, n_grades)
     model_slot = None if not models or iid else _slots(n_clients, len(models), how, rng)
     mixture = MixtureClickModel(tuple(models)) if models else None
@@ -495,7 +495,7 @@ class RemedyStrategy(FPDGDStrategy):
             self.ranker.set_params(theta)
             own = self.ctx.client_data(aid)
             tests = own.tests if own is not None and own.tests else None
-            mode = self.ctx.cfg["evaluation"]["no_relevant"]
+            mode = self.ctx.no_relevant
             values.append(
                 evaluate_views(self.ranker, tests, mode)["ndcg@10"]
                 if tests
@@ -521,7 +521,7 @@ class FPDGDRemedies(FPDGD):
 
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if p.fedper and ctx.cfg["ranker"]["kind"] != "mlp":
+        if p.fedper and ctx.ranker_kind != "mlp":
             raise ScenarioError(
                 'federation.params.fedper: needs ranker.kind = "mlp" (a '
                 "linear ranker is only its output layer)"

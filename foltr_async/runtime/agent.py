@@ -116,6 +116,9 @@ class Agent(Checkpointed):
     """Base class of every participant (server, client, attacker, eavesdropper)."""
 
     role: str = "agent"
+    #: hosted in this process (``distributed.RemoteAgent``, the stand-in for an agent another
+    #: process hosts, says True)
+    remote: ClassVar[bool] = False
     #: The run's machinery, rebuilt with it; the lifecycle ``state`` is checkpointed apart
     #: (it decides how the agent restarts). Every other attribute (a subclass's too) is state.
     checkpoint_skip = ("bus", "inbox", "_task", "_handlers", "state")
@@ -223,10 +226,6 @@ class Agent(Checkpointed):
 
     async def on_leave(self) -> None:
         """Hook: runs on a graceful leave while still on the bus (not on a crash)."""
-
-    def on_attack(self, start: bool) -> None:
-        """The timeline's ``attack_start`` (``start`` true) or ``attack_stop`` for this agent;
-        attackers override it, the others ignore it."""
 
     def start(self) -> asyncio.Task:
         """Register on the bus, become ``joined`` and spawn the inbox loop."""
