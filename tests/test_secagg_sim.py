@@ -253,3 +253,14 @@ def test_clients_and_attackers_are_built_with_their_secure_half(tmp_path, mq2008
     plain = Simulation(load(tmp_path, scenario(mq2008_dir)).variants["default"], 3, Observer())
     plain.build()
     assert plain.proto.client("client-0099", np.arange(4), plain.ctx.rng("x")).secure is None
+
+
+def test_sending_the_summable_reply_with_send_is_refused_naming_reply(tmp_path, mq2008_dir):
+    """Under secure aggregation the update must go through ``reply`` (which masks it); a
+    client that ``send``s it gets an error saying so instead of leaking it in the clear."""
+    cfg = load(tmp_path, scenario(mq2008_dir, "secure_aggregation = true")).variants["default"]
+    sim = Simulation(cfg, 3, Observer())
+    sim.build()
+    client = sim.agents["client-0000"]
+    with pytest.raises(TypeError, match=r"'fpdgd.update'.*self\.reply\(dst, kind, body, round\)"):
+        client.send("server", "fpdgd.update", {"params": np.zeros(3), "n_interactions": 1}, 1)

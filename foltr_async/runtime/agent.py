@@ -205,6 +205,13 @@ class Agent(Checkpointed):
             await self.dispatch(await self.inbox.get())
 
     def send(self, dst: str, kind: str, body: dict, round: int = 0) -> None:
+        if self.secure is not None and self.secure.spec.kind == kind:
+            # the rule: the summable reply goes through ``reply``; sent here it would travel in
+            # the clear under secure aggregation
+            raise TypeError(
+                f"{type(self).__name__}.send({kind!r}): {kind!r} is the reply secure aggregation "
+                f"masks; send it with self.reply(dst, kind, body, round)"
+            )
         self.bus.send(self.id, dst, kind, body, round)
 
     def reply(self, dst: str, kind: str, body: dict, round: int) -> None:
