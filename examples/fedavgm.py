@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.pdgd import pdgd_gradient
 from foltr_async.protocols.api import (
     REGISTRY,
     Array,
@@ -26,7 +25,6 @@ from foltr_async.protocols.api import (
     param,
     parameters,
     register_kind,
-    reply,
     summable,
 )
 
@@ -47,27 +45,12 @@ class Params:
 class Client(OnlineClient):
     """An honest client: B PDGD interactions from the global weights, then its weights."""
 
-    def __init__(self, agent_id, ctx, queries, rng) -> None:
-        super().__init__(agent_id, ctx, queries, rng)
-        self.lr = ctx.params.lr
-
-    def train(self, start: np.ndarray) -> np.ndarray:
-        self.ranker.set_params(start)
-        for _ in range(self.batch):
-            shown = self.serve(self.users.next_query())
-            if shown.clicks.any():
-                step = pdgd_gradient(
-                    self.ranker, shown.features, shown.ranking, shown.clicks, shown.scores
-                )
-                self.ranker.set_params(self.ranker.get_params() + self.lr * step)
-        return self.ranker.get_params()
-
     @handles(MODEL)
     async def on_model(self, env) -> None:
         self.users.round = env.round
-        weights = self.train(env.body["params"])
-        body = {"params": weights, "n_interactions": self.batch}
-        reply(self, env.src, UPDATE, body, env.round)  # masked under secure aggregation
+        weights = await self.make_update(env.round, env.body["params"])
+        body = {"params": weights, "n_interactions": self.interactions}
+        self.reply(env.src, UPDATE, body, env.round)  # masked under secure aggregation
 
 
 class Server(ModelStrategy):

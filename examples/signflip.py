@@ -1,8 +1,10 @@
-"""A sign-flipping model-poisoning client against FedAvgM (the attack of docs/EXTENDING.md).
+"""A sign-flipping model-poisoning client against FedAvgM and FPDGD (the attack of
+docs/EXTENDING.md).
 
 It trains like an honest client, then sends the global weights moved ``scale`` times its honest
 update the *other* way: ``w - scale * (theta - w)`` (the sign-flipping attack, e.g. Li et al.,
-AAAI 2019). Under FedAvg a few such clients cancel the honest clients' progress.
+AAAI 2019). Under FedAvg a few such clients cancel the honest clients' progress. Both protocols'
+clients send what ``make_update`` returns, so one mixin attacks either.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import numpy as np
 
 from examples.fedavgm import Client
 from foltr_async.protocols.api import REGISTRY, BehaviourEntry, param, parameters
+from foltr_async.protocols.fpdgd import FPDGDClient
 
 
 @parameters
@@ -18,18 +21,32 @@ class Params:
     scale: float = param(4.0, "length of the flipped update, in honest updates", min=0.0)
 
 
-class SignFlipClient(Client):
+class SignFlip:
+    """Mixed in before a protocol's honest client class: flips what it would send."""
+
     def __init__(self, agent_id, ctx, queries, rng, scale: float) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         self.scale = scale
 
-    def train(self, start: np.ndarray) -> np.ndarray:
-        honest = super().train(start)  # its users still see rankings and click
+    async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
+        honest = await super().make_update(round, start)  # its users still see rankings, click
         return start - self.scale * (honest - start)
 
 
-def build(ctx, proto, group, agent_id, queries, rng) -> SignFlipClient:
-    return SignFlipClient(agent_id, ctx, queries, rng, Params.of(group).scale)
+class SignFlipClient(SignFlip, Client):
+    pass
+
+
+class FPDGDSignFlipClient(SignFlip, FPDGDClient):
+    pass
+
+
+#: the attacker's class for each protocol it speaks (the entry lists exactly these)
+CLIENTS = {"fedavgm": SignFlipClient, "fpdgd": FPDGDSignFlipClient}
+
+
+def build(ctx, proto, group, agent_id, queries, rng) -> SignFlip:
+    return CLIENTS[ctx.protocol](agent_id, ctx, queries, rng, Params.of(group).scale)
 
 
 REGISTRY.add(
@@ -37,7 +54,7 @@ REGISTRY.add(
         "sign_flip",
         "attacker",
         "sends its update with the sign flipped, scaled",
-        ("fedavgm",),
+        tuple(CLIENTS),
         Params,
         build,
     )

@@ -30,6 +30,7 @@ from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.engine import RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoSystem
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.secure import SecureClient, SecureRun
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
@@ -147,15 +148,56 @@ class RunContext:
     #: held-out queries with a relevant document in what ``evaluate`` scores (the fewest of
     #: any label view); None until it runs. 0: the offline metrics measured nothing.
     judged_queries: int | None = field(default=None, init=False, repr=False)
+    #: ``federation.secure_aggregation``: the run's scheme (None: off); clients take their
+    #: half from ``secure_half`` when they are built
+    secure: SecureRun | None = field(default=None, init=False, repr=False)
     #: the loop time of simulated time zero (``now``: a replayed log's clock)
     clock0: float = field(default=0.0, init=False, repr=False)
     #: The protocol's ``@parameters`` instance of ``[federation.params]`` (checked), built once
     #: with the context (every client and the strategy read it), not on each access.
     params: Any = field(init=False, repr=False)
+    #: The scenario values protocols read, typed and built once with the context (a protocol
+    #: reads these, not ``cfg``): ``federation.protocol``, ``.clients`` (honest ones),
+    #: ``.queries_per_client``, ``.rounds``, ``.data``, ``.partition``,
+    #: ``.secure_aggregation``; ``evaluation.every``, ``.no_relevant``, ``.max_test_queries``;
+    #: ``ranker.kind``; the ``[[agents]]`` groups; whether the timeline asks for unlearning.
+    protocol: str = field(init=False, repr=False)
+    honest_clients: int = field(init=False, repr=False)
+    #: every client of the federation: the honest ones and the attackers
+    n_clients: int = field(init=False, repr=False)
+    queries_per_client: int = field(init=False, repr=False)
+    rounds: int = field(init=False, repr=False)
+    data_mode: str = field(init=False, repr=False)
+    partition_spec: dict = field(init=False, repr=False)
+    secure_aggregation: bool = field(init=False, repr=False)
+    #: ``[federation.secagg]``: the scheme's settings as the scenario gives them
+    secagg: dict = field(init=False, repr=False)
+    eval_every: int = field(init=False, repr=False)
+    no_relevant: str = field(init=False, repr=False)
+    max_test_queries: int | None = field(init=False, repr=False)
+    ranker_kind: str = field(init=False, repr=False)
+    agent_groups: tuple[dict, ...] = field(init=False, repr=False)
+    unlearning: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        fed = self.cfg["federation"]
+        cfg = self.cfg
+        fed, ev = cfg["federation"], cfg["evaluation"]
         self.params = REGISTRY.protocols[fed["protocol"]].params(**fed["params"])
+        self.protocol = fed["protocol"]
+        self.honest_clients = fed["clients"]
+        self.n_clients = fed["clients"] + self.n_malicious
+        self.queries_per_client = fed["queries_per_client"]
+        self.rounds = fed["rounds"]
+        self.data_mode = fed["data"]
+        self.partition_spec = fed["partition"]
+        self.secure_aggregation = bool(fed.get("secure_aggregation"))
+        self.secagg = fed.get("secagg") or {}
+        self.eval_every = ev["every"]
+        self.no_relevant = ev["no_relevant"]
+        self.max_test_queries = ev["max_test_queries"]
+        self.ranker_kind = cfg["ranker"]["kind"]
+        self.agent_groups = tuple(cfg["agents"])
+        self.unlearning = any(t["action"] == "unlearn" for t in cfg["timeline"])
 
     @property
     def assumed_malicious(self) -> int:
@@ -173,6 +215,12 @@ class RunContext:
                 "in-memory run, not a multi-process one"
             )
         return loop.time() - self.clock0
+
+    def secure_half(self, agent_id: str) -> SecureClient | None:
+        """The secure-aggregation half a client (or attacker) is built with
+        (``Agent(..., secure=...)``): it masks the summable reply; None without secure
+        aggregation."""
+        return self.secure.client(agent_id) if self.secure is not None else None
 
     def rng(self, *path: str | int) -> np.random.Generator:
         return stream(self.seed, *path)
@@ -229,7 +277,7 @@ class RunContext:
         own = self.client_data(agent_id)
         if own is not None and own.batch is not None:
             return own.batch
-        return self.cfg["federation"]["queries_per_client"]
+        return self.queries_per_client
 
     def local_work(self, agent_id: str, batch: int) -> int:
         """Interactions a client's next training does out of its ``batch`` (FLGo's
@@ -243,9 +291,9 @@ class RunContext:
         if self.partition is not None and self.partition.test_sets:
             views = self.partition.test_sets
             self.judged_queries = min(map(count_judged, views))
-            return evaluate_views(ranker, views, self.cfg["evaluation"]["no_relevant"])
+            return evaluate_views(ranker, views, self.no_relevant)
         test = self.data.test
-        cap = self.cfg["evaluation"]["max_test_queries"]
+        cap = self.max_test_queries
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
         self.judged_queries = count_judged(test)
@@ -254,7 +302,7 @@ class RunContext:
             held_out_scores(ranker, test.features),
             test,
             metrics,
-            no_relevant=self.cfg["evaluation"]["no_relevant"],
+            no_relevant=self.no_relevant,
             p_click=self.click_model().p_click if wants_clicks else None,
         )
 
@@ -376,8 +424,9 @@ class ProtocolRun(Checkpointed, ABC):
     #: What it learns from when that is not the scenario's feature-vector dataset (CS-F-LTR:
     #: a text corpus); a ``dataset.path`` would then be silently unused, so it is refused.
     own_data: str | None = None
-    #: True when it implements ``request_unlearning`` (a timeline may then ask for it).
-    unlearns: bool = False
+    #: The timeline actions beyond an agent's lifecycle (join, leave, crash, rejoin) that
+    #: ``act`` carries out; FPDGD adds ``unlearn``. A timeline naming another is refused.
+    actions: frozenset[str] = frozenset({"attack_start", "attack_stop"})
     #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's
     #: completeness models apply).
     completes: bool = False
@@ -393,8 +442,14 @@ class ProtocolRun(Checkpointed, ABC):
         """Called once the server agent exists (e.g. to keep it: the round being played, a
         sender for the strategy's declared handlers)."""
 
-    async def request_unlearning(self, agent: Agent) -> None:
-        raise ScenarioError(f"timeline: protocol {type(self).__name__} does not support unlearning")
+    async def act(self, agent: Agent, action: str) -> None:
+        """One of ``actions`` on an agent of this process. ``attack_start`` / ``attack_stop``
+        flip an attacker's switch (its ``on_attack(start)``; an agent without one attacks, or
+        not, all run long and ignores them)."""
+        if action in ("attack_start", "attack_stop"):
+            switch = getattr(agent, "on_attack", None)
+            if switch is not None:
+                switch(action == "attack_start")
 
     async def finish(self, server: ServerAgent, reports: list[RoundReport]) -> None:
         """After the last round (e.g. unlearning calibration rounds)."""

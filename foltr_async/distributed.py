@@ -95,7 +95,7 @@ from foltr_async.runtime.zmqbus import (
     stats_delta,
 )
 from foltr_async.scenario.load import Scenario
-from foltr_async.simulation import Simulation, load_datasets
+from foltr_async.simulation import ROLE_OF_GROUP, Simulation, load_datasets
 
 __all__ = [
     "LocalWorkers",
@@ -252,7 +252,7 @@ class RemoteAgent:
     def __init__(self, agent_id: str, group: str) -> None:
         self.id = agent_id
         self.group = group
-        self.role = "client"
+        self.role = ROLE_OF_GROUP[group]
         self.state = "new"
         self.rounds_joined = 0
         self.last_kind: str | None = None
@@ -390,7 +390,7 @@ class ZmqServer:
         sim = self.sim
         if sim is None:
             return {}
-        return {a: p for a, p in sim.agents.items() if getattr(p, "remote", False)}
+        return {a: p for a, p in sim.agents.items() if p.remote}
 
     async def begin_run(self, sim: Simulation, later: set[str], restore: dict | None) -> None:
         self.sim = sim
@@ -419,7 +419,7 @@ class ZmqServer:
                 self._check()
             if loop.time() >= deadline:
                 self.late = set(missing)
-                sim._emit(
+                sim.emit(
                     "agents_missing",
                     n=len(missing),
                     agents=agent_ids([_client_number(a) for a in missing]),
@@ -478,7 +478,7 @@ class ZmqServer:
         if reply["t"] == "error":  # e.g. agent state it refused to load
             w = self.workers.get(peer)
             self.worker_errors += 1
-            self.sim._emit("worker_error", worker=w.name if w else "?", message=reply["message"])
+            self.sim.emit("worker_error", worker=w.name if w else "?", message=reply["message"])
             return
         fresh = [a for a, spec in msg["agents"].items() if spec["blob"] is None]
         self._apply_states(peer, reply["states"], fresh)
@@ -683,7 +683,7 @@ class ZmqServer:
         self.hub.control(peer, {"t": "welcome"})
         facts = {"worker": name, "host": msg.get("host"), "clients": agent_ids(claims)}
         if self.sim is not None:
-            self.sim._emit("worker_joined", **facts)
+            self.sim.emit("worker_joined", **facts)
             self._send_run(peer)
         else:
             log.info("worker_joined", **facts)
@@ -708,7 +708,7 @@ class ZmqServer:
                 gone.append(aid)
                 self.lost.add(aid)
                 sim.observer.agent_changed(aid, p.role, p.state, p.rounds_joined, p.last_kind)
-        sim._emit(
+        sim.emit(
             "worker_lost",
             worker=w.name if w else "?",
             crashed=len(gone),
@@ -733,7 +733,7 @@ class ZmqServer:
 
 
 class _ServerStub:
-    """What a protocol's ``attach_server`` / ``request_unlearning`` may touch in a worker: the
+    """What a protocol's ``attach_server`` / ``act`` may touch in a worker: the
     round number (set from each action); server-side handlers are the server's business."""
 
     id = "server"

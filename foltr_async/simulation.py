@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
+#: the timeline actions every agent takes; the others are its protocol's (``ProtocolRun.act``)
+LIFECYCLE = ("join", "rejoin", "leave", "crash")
+#: an agent's role, from the run's group it is placed in (a behaviour's group: its entry's role)
+ROLE_OF_GROUP = {"clients": "client", "attackers": "attacker", "eavesdroppers": "eavesdropper"}
+
 
 @heap.process_cache(maxsize=4)
 def _load(
@@ -229,7 +234,7 @@ class Simulation:
         self.agents: dict[str, Agent] = {}
         self.groups: dict[str, list[str]] = {"clients": [], "attackers": [], "eavesdroppers": []}
 
-    def _emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: str, **fields: Any) -> None:
         log.info(event, variant=self.variant, repeat=self.repeat, **fields)
         self.observer.event(event, variant=self.variant, repeat=self.repeat, **fields)
 
@@ -256,16 +261,13 @@ class Simulation:
             self.probe,
             REGISTRY.aggregators[fed["aggregator"]],
             n_mal,
-            self._emit,
+            self.emit,
         )
         self.ctx = ctx
         proto = entry.build(ctx)
-        self.secure: SecureRun | None = build_secure(ctx)  # federation.secure_aggregation
-        if self.secure is not None and ctx.aggregator.robust:
-            raise ScenarioError(
-                f"federation.aggregator: {fed['aggregator']!r} needs single "
-                "updates and cannot combine with secure aggregation"
-            )
+        # federation.secure_aggregation (build refuses a robust aggregator with it)
+        self.secure: SecureRun | None = build_secure(ctx)
+        ctx.secure = self.secure  # clients and attackers are built with their halves
         n_clients = fed["clients"] + n_mal
         ctx.clock0 = getattr(self, "_sim0", 0.0)
         if data.logs is not None:  # a logged federation: each client replays one user
@@ -342,10 +344,10 @@ class Simulation:
                 )
         for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
             self._resolve(item["agents"], f"timeline[{i}].agents")
-            if item["action"] == "unlearn" and not proto.unlearns:
+            if item["action"] not in LIFECYCLE and item["action"] not in proto.actions:
                 raise ScenarioError(
                     f"timeline[{i}].action: protocol {fed['protocol']!r} does not support "
-                    "unlearning"
+                    f"{item['action']!r} (its actions: {', '.join(sorted(proto.actions))})"
                 )
         return proto
 
@@ -360,9 +362,10 @@ class Simulation:
             self.groups[group].append(aid)
 
     def _add(self, agent: Agent, group: str) -> None:
+        # the group the scenario put the agent in is the one source of its role (on the bus,
+        # for link rules, and on the console): an attack's class may inherit an honest client's
+        agent.role = ROLE_OF_GROUP[group]
         self.agents[agent.id] = agent
-        if self.secure is not None and group in ("clients", "attackers"):
-            self.secure.enrol(agent)  # its secure-aggregation half masks its updates
         self.groups[group].append(agent.id)
 
     def _resolve(self, names: list[str], path: str = "timeline") -> list[str]:
@@ -387,11 +390,11 @@ class Simulation:
         action = item["action"]
         for aid in self._resolve(item["agents"]):
             agent = self.agents[aid]
-            if getattr(agent, "remote", False):
+            if agent.remote:
                 await self.remote.act(agent, action, self.server.plan_round)
             else:
                 await self.act_locally(agent, action)
-            self._emit(action, agent=aid, round=self.server.plan_round)
+            self.emit(action, agent=aid, round=self.server.plan_round)
             self.observer.agent_changed(
                 aid, agent.role, agent.state, agent.rounds_joined, agent.last_kind
             )
@@ -408,10 +411,8 @@ class Simulation:
             await agent.leave()
         elif action == "crash":
             await agent.crash()
-        elif action in ("attack_start", "attack_stop"):
-            agent.on_attack(action == "attack_start")
-        elif action == "unlearn":
-            await self.proto.request_unlearning(agent)
+        else:  # the protocol's own (checked against proto.actions when the run was built)
+            await self.proto.act(agent, action)
 
     async def run(self) -> dict:
         """One run, in the steps below: start the clock, build, plan, make the server, resume
@@ -436,7 +437,7 @@ class Simulation:
         """Log what the run reads, and which click tables its users follow (3 or 5 grades,
         chosen from the data's grades): events.jsonl then says so for every repeat."""
         d, data = self.cfg["dataset"], self.ctx.data
-        self._emit(
+        self.emit(
             "dataset",
             source=d["path"] or d["profile"],
             train_queries=data.train.n_queries,
@@ -520,7 +521,7 @@ class Simulation:
         but those the timeline joins later)."""
         self.server.start()
         for aid, agent in self.agents.items():
-            if getattr(agent, "remote", False):
+            if agent.remote:
                 continue
             if self._saved is not None:
                 was = self._saved_agents[aid]["state"]
@@ -556,7 +557,7 @@ class Simulation:
     async def _stop(self) -> None:
         """Every local agent still joined leaves; remote agents stop where they live."""
         for agent in [*self.agents.values(), self.server]:
-            if agent.state == "joined" and not getattr(agent, "remote", False):
+            if agent.state == "joined" and not agent.remote:
                 await agent.leave()
         if self.remote is not None:
             await self.remote.end_run(self)
@@ -623,7 +624,7 @@ class Simulation:
             **report.facts,
         )
         if not report.aggregated:  # the model did not change: say so where people look
-            self._emit(
+            self.emit(
                 "round_empty",
                 round=report.round,
                 online=report.online,
@@ -712,7 +713,7 @@ class Simulation:
         """Load ``capture_agents`` output into this run's freshly built (unstarted) agents."""
         shared = self.shared_objects()
         for aid, entry in saved.items():
-            if aid in self.agents and not getattr(self.agents[aid], "remote", False):
+            if aid in self.agents and not self.agents[aid].remote:
                 try:
                     self.agents[aid].restore_state(entry["blob"], shared)
                 except CheckpointError as e:
@@ -733,11 +734,11 @@ class Simulation:
 
     async def _save(self, round: int, now: float, sim0: float, wall: float) -> None:
         if self.bus.in_flight:  # a late message is on its way: checkpoint at a quieter round
-            self._emit("checkpoint_deferred", round=round, in_flight=self.bus.in_flight)
+            self.emit("checkpoint_deferred", round=round, in_flight=self.bus.in_flight)
             return
         remote = await self.remote.snapshot(self) if self.remote is not None else {}
         shared = self.shared_objects()
-        local = [a for a, ag in self.agents.items() if not getattr(ag, "remote", False)]
+        local = [a for a, ag in self.agents.items() if not ag.remote]
         state = {
             "round": round,
             "now": now,
@@ -754,7 +755,7 @@ class Simulation:
         for key, obj in self._checkpointed().items():
             state[key] = obj.checkpoint_state(shared) if obj is not None else None
         self.checkpoint.save(state)
-        self._emit("checkpoint", round=round)
+        self.emit("checkpoint", round=round)
 
     def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
         _check_run_state(saved, self._checkpointed())
@@ -769,9 +770,9 @@ class Simulation:
         self._interactions[:] = saved["interactions"]
         self._reports[:] = saved["reports"]
         for aid, agent in self.agents.items():  # a proxy's count comes from the round reports
-            if getattr(agent, "remote", False):
+            if agent.remote:
                 agent.rounds_joined = sum(aid in r.clients for r in saved["reports"])
-        self._emit("resumed", round=saved["round"])
+        self.emit("resumed", round=saved["round"])
 
 
 def _check_run_state(saved: Any, objects: dict[str, Any]) -> None:

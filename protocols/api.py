@@ -7,8 +7,9 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   kind and its body's wire schema; a body that does not match is dropped on decoding.
 - ``Agent`` and ``@handles(kind)``: a client is an agent with one handler per message kind;
   ``self.send(dst, kind, body, round)`` is the only way to tell another agent anything.
-  ``client_id(i)`` is the one format of client ids. ``reply`` sends a client's update (masked
-  when the scenario turns secure aggregation on); ``summable(protocol, kind, vector, weight)``
+  ``client_id(i)`` is the one format of client ids. ``self.reply(dst, kind, body, round)``
+  sends a client's round update (masked when the scenario turns secure aggregation on; an
+  ``OnlineClient`` is built with its secure half); ``summable(protocol, kind, vector, weight)``
   declares that a protocol's update may be masked (its server only needs the weighted sum).
 - ``Strategy``: the server side of one round (``configure_round`` -> the broadcast body,
   ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
@@ -26,7 +27,9 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   protocol's ``[federation.params]``; the scenario is checked against it (one-line errors) and
   code reads ``ctx.params.lr``.
 - ``Users`` and ``K``: a client's users (their queries, clicks and the online metric) and the
-  result-page length. ``OnlineClient`` (a ranker copy, users, ``serve(q)`` -> ``Served``) and
+  result-page length. ``OnlineClient`` (the one PDGD learner: a ranker copy, users,
+  ``make_update`` for a round's training, batched across clients, and the hook an attacker
+  overrides; ``serve(q)`` -> ``Served``) and
   ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
   scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
   puts one of each together.
@@ -51,7 +54,7 @@ from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply, summable
+from foltr_async.runtime.secure import summable
 from foltr_async.scenario.fields import param, parameters
 
 __all__ = [
@@ -84,6 +87,5 @@ __all__ = [
     "parameters",
     "register_kind",
     "register_partitioner",
-    "reply",
     "summable",
 ]

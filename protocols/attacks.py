@@ -51,8 +51,6 @@ KRUM_COPY_RADIUS = 1e-6
 class AttackerClient(FPDGDClient):
     """An FPDGD client that attacks while ``attacking``, which the timeline switches."""
 
-    role = "attacker"
-
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         self.attacking = attacking
@@ -66,11 +64,11 @@ class DataPoisonClient(AttackerClient):
 
     def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
         super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
-        self.honest_clicks = self.learner.users.click_model
+        self.honest_clicks = self.users.click_model
         self.poison_clicks = ctx.click_model("poison")
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
-        users = self.learner.users
+        users = self.users
         users.click_model = self.poison_clicks if self.attacking else self.honest_clicks
         return await super().make_update(round, start)
 
@@ -208,10 +206,8 @@ class ColludingClient(AttackerClient, ABC):
         self.coalition = tuple(sorted(coalition))
         self.knowledge = knowledge
         self.wait = wait
-        self.rng = rng
         self.probe = ctx.probe
-        fed = ctx.cfg["federation"]
-        self.n = fed["clients"] + ctx.n_malicious  # federation size the attack is planned for
+        self.n = ctx.n_clients  # federation size the attack is planned for
         self.m_defender = ctx.n_malicious  # the m the robust aggregator assumes
         self._shares: dict[int, dict[str, np.ndarray]] = {}
         self._benign: dict[int, dict[str, np.ndarray]] = {}  # full knowledge: tapped updates
@@ -358,8 +354,8 @@ class FangClient(ColludingClient):
 def coalition_of(ctx, group: dict) -> list[str]:
     """The ids of one attacker group (the simulation numbers attackers after the honest clients,
     group by group, in scenario order)."""
-    i = ctx.cfg["federation"]["clients"]
-    for g in ctx.cfg["agents"]:
+    i = ctx.honest_clients
+    for g in ctx.agent_groups:
         if g["role"] != "attacker":
             continue
         if g is group:

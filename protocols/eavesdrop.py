@@ -132,7 +132,6 @@ class TapEavesdropper(Agent, ABC):
     precede its task's first run), learns from each tapped message's exact bytes (undecodable
     ones are counted) and publishes its ``summary`` under ``eavesdrop`` when the run ends."""
 
-    role = "eavesdropper"
     #: kind -> "src" | "dst": which end of the tapped link must be a target
     taps: ClassVar[dict[str, str]] = {}
     #: the protocol whose messages it taps: a subclass naming one registers itself for it
@@ -184,7 +183,7 @@ class TapEavesdropper(Agent, ABC):
         """What a client-link eavesdropper's summary starts with: the run's protocol and the
         clients whose links it tapped."""
         return {
-            "protocol": self.ctx.cfg["federation"]["protocol"],
+            "protocol": self.ctx.protocol,
             "targets": self.targets or "all",
         }
 
@@ -204,7 +203,7 @@ class FPDGDEavesdropper(TapEavesdropper):
         self.rng = rng
         self.candidates = candidates
         self.train = ctx.data.train
-        linear = ctx.cfg["ranker"]["kind"] == "linear"
+        linear = ctx.ranker_kind == "linear"
         self.directions = query_directions(self.train) if linear else None
         if candidates > self.train.n_queries:
             raise ScenarioError(
@@ -350,7 +349,7 @@ def _targets(ctx, group: dict) -> list[str] | None:
             f'agents: eavesdropper targets: expected "all" or a non-empty list '
             f"of client ids, got {value!r}"
         )
-    n = ctx.cfg["federation"]["clients"] + ctx.n_malicious
+    n = ctx.n_clients
     known = {client_id(i) for i in range(n)}
     unknown = [t for t in value if t not in known]
     if unknown:
@@ -369,7 +368,7 @@ class Params:
 
 def _build(ctx, proto, group, aid, queries, rng):
     targets = _targets(ctx, group)
-    cls = EAVESDROPPERS[ctx.cfg["federation"]["protocol"]]
+    cls = EAVESDROPPERS[ctx.protocol]
     return cls.for_group(ctx, aid, targets, group, rng)
 
 

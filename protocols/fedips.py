@@ -467,7 +467,7 @@ class FedIPSStrategy(Strategy):
 class FedIPS(ProtocolRun):
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if ctx.cfg["federation"]["secure_aggregation"]:
+        if ctx.secure_aggregation:
             raise ScenarioError(
                 "federation.secure_aggregation: fedips sends updates and EM "
                 "statistics in plaintext (no secure-aggregation support)"

@@ -149,6 +149,8 @@ def respond(value: float, other: int | None) -> float:
 
 
 class ESClient(OnlineClient):
+    trains = False  # it serves deterministic rankings; the server's evolution strategy learns
+
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
@@ -400,8 +402,8 @@ class FOLtRES(ProtocolRun):
         """Each client's local-DP epsilon over its randomised-response releases, by basic
         composition, RDP, PLD: per round taken part in, one per interaction (its B), or with
         ``privatise = "mean"`` one per half (m+ and, with antithetic variates, m-)."""
-        cfg, p = self.ctx.cfg, self.ctx.params
-        n = cfg["federation"]["clients"] + self.ctx.n_malicious
+        p = self.ctx.params
+        n = self.ctx.n_clients
 
         def per_round(client: str) -> int:
             b = self.ctx.batch_of(client)
@@ -409,7 +411,7 @@ class FOLtRES(ProtocolRun):
                 return b
             return 2 if p.antithetic and b >= 2 else 1
 
-        every, last = cfg["evaluation"]["every"], self.last_round
+        every, last = self.ctx.eval_every, self.last_round
         return account(
             randomised_response(p.p, len(LEVELS)),
             self.taken_part,

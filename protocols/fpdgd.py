@@ -25,10 +25,10 @@ A single client's message alone carries only its Gamma-difference share of the n
 
 Local training time and batching: ``compute_time`` is the simulated time one local interaction
 takes, so a client replies ``B * compute_time`` simulated seconds after the model arrives (0 by
-default: at once). Clients with a linear ranker or a one-hidden-layer MLP hand their training
-to the run's compute pool (``foltr_async.runtime.compute.BatchPool``), which trains every client
-with a pending job in one batched PDGD pass (``foltr_async.ltr.pdgd_batch``). Each client draws
-from its own generator exactly as the one-query-at-a-time path (``LocalLearner.train``, kept for
+default: at once). Clients train through the one PDGD learner (``protocols/learner.py``):
+with a linear ranker or a one-hidden-layer MLP it hands the training to the run's compute pool,
+which trains every client with a pending job in one batched PDGD pass. Each client draws from
+its own generator exactly as the one-query-at-a-time path (``PDGDLearner.train``, kept for
 deeper MLPs, other click models and as the reference) does, so its weights and what its users
 were shown are the same up to float rounding; the probe orders the online metric by (round,
 client), so batching does not change it either. A client that crashes or leaves before its
@@ -42,31 +42,18 @@ query at a time, instead of B random ones; with none it replies with the model i
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
-from foltr_async.ltr.clicks import CascadeModel
-from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.ltr.pdgd_batch import (
-    PDGDJob,
-    compiled_pair_weights,
-    prepare,
-    train_linear_batch,
-    train_mlp_batch,
-)
-from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
-from foltr_async.protocols.online import ModelStrategy
-from foltr_async.protocols.users import K, Users
+from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
-from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import reply, summable
+from foltr_async.runtime.secure import summable
 from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
@@ -120,12 +107,6 @@ class Params:
         return 2.0 * self.clip_bound * (1.0 if self.clip_order == 1 else float(np.sqrt(d)))
 
 
-def clip_norm(theta: np.ndarray, bound: float, order: int = 2) -> np.ndarray:
-    """theta * min(1, bound / ||theta||) in the L``order`` norm."""
-    norm = float(np.linalg.norm(theta, ord=order))
-    return theta if norm <= bound else theta * (bound / norm)
-
-
 def gamma_noise(rng: np.random.Generator, n_shares: int, scale: float, size: int) -> np.ndarray:
     """One client's share gamma - gamma' of Laplace(scale) noise split over n_shares: n_shares
     of them sum to Laplace(scale), k of them to gamma - gamma' with Gamma(k / n_shares)."""
@@ -141,84 +122,9 @@ def calibrate(stored: np.ndarray, new: np.ndarray) -> np.ndarray:
     return float(np.linalg.norm(stored)) * new / norm_new
 
 
-class LocalLearner:
-    """A client's private PDGD learner: its ranker copy, its users and the DP post-processing."""
-
-    def __init__(
-        self,
-        ctx: RunContext,
-        queries: np.ndarray,
-        rng: np.random.Generator,
-        click_model=None,
-        owner: str = "",
-    ) -> None:
-        p = ctx.params
-        self.ranker = ctx.new_ranker()
-        own = ctx.client_data(owner)
-        self.users = Users(
-            ctx.train_set(owner),
-            queries,
-            click_model or ctx.users_click_model(owner),
-            rng,
-            ctx.probe,
-            owner,
-            own.arrivals if own is not None else None,
-        )
-        self.rng = rng
-        self.lr = p.lr
-        self.dp = p.dp
-        if self.dp:
-            self.bound, self.order = p.clip_bound, p.clip_order
-            self.noise_scale = p.sensitivity / p.epsilon
-        #: how many clients the round's noise is split over: the server says it with the model
-        #: (a server that does not gets the federation's size, the paper's choice)
-        self.shares = ctx.cfg["federation"]["clients"] + ctx.n_malicious
-
-    def clip(self, theta: np.ndarray) -> np.ndarray:
-        return clip_norm(theta, self.bound, self.order)
-
-    def train(self, start: np.ndarray, n: int) -> np.ndarray:
-        """n PDGD interactions from ``start``, a step after each; returns the new weights."""
-        ranker = self.ranker
-        ranker.set_params(start)
-        train = self.users.train
-        for _ in range(n):
-            q = self.users.next_query()
-            features = train.features[train.doc_range(q)]
-            scores = ranker.score(features)
-            ranking = sample_ranking(scores, K, self.rng)
-            clicks = self.users.show(q, ranking)
-            if clicks.any():
-                theta = ranker.get_params() + self.lr * pdgd_gradient(
-                    ranker, features, ranking, clicks, scores, compiled_pair_weights
-                )
-                ranker.set_params(self.clip(theta) if self.dp else theta)
-        return ranker.get_params()
-
-    def job(self, start: np.ndarray, n: int) -> PDGDJob:
-        """``train(start, n)`` as a job for the batched path (``batch_kind``)."""
-        users = self.users
-        return PDGDJob(
-            start,
-            users.queries,
-            n,
-            self.rng,
-            users.click_model,
-            self.lr,
-            self.bound if self.dp else None,
-            self.order if self.dp else 2,
-        )
-
-    def privatise(self, theta: np.ndarray) -> np.ndarray:
-        if not self.dp:
-            return theta
-        return theta + gamma_noise(self.rng, self.shares, self.noise_scale, theta.size)
-
-
-class FPDGDClient(Agent):
-    """An honest FPDGD client; attackers subclass it and change ``make_update``."""
-
-    role = "client"
+class FPDGDClient(OnlineClient):
+    """An honest FPDGD client: the PDGD learner (clipped after every step under DP), its
+    update privatised before sending, stored for unlearning; attackers change ``make_update``."""
 
     def __init__(
         self,
@@ -227,65 +133,58 @@ class FPDGDClient(Agent):
         queries: np.ndarray,
         rng: np.random.Generator,
         click_model=None,
+        **learner,
     ) -> None:
-        super().__init__(agent_id, ctx.bus)
-        self.learner = LocalLearner(ctx, queries, rng, click_model, agent_id)
-        self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
-        #: interactions of the training under way: the batch, or fewer (FLGo completeness)
-        self.interactions = self.batch
-        self.ctx = ctx
-        p = ctx.params  # asynchronous FPDGD's clients neither store nor calibrate
+        p = ctx.params
+        clip = (p.clip_bound, p.clip_order) if p.dp else None
+        super().__init__(agent_id, ctx, queries, rng, click_model=click_model, clip=clip, **learner)
+        self.dp = p.dp
+        self.noise_scale = p.sensitivity / p.epsilon if p.dp else 0.0
+        #: how many clients the round's noise is split over: the server says it with the model
+        #: (a server that does not gets the federation's size, the paper's choice)
+        self.shares = ctx.n_clients
+        # asynchronous FPDGD's clients neither store nor calibrate
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        unlearning = any(t["action"] == "unlearn" for t in ctx.cfg["timeline"])
-        self.store_every = getattr(p, "store_every", None) if unlearning else None
+        self.store_every = getattr(p, "store_every", None) if ctx.unlearning else None
         self.calibration_steps = getattr(p, "calibration_steps", None)
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
         self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
-        self.pool = train_pool(ctx) if batch_kind(self.learner.ranker) else None
+
+    def privatise(self, theta: np.ndarray) -> np.ndarray:
+        """DP: this client's share of the round's noise (nothing without DP)."""
+        if not self.dp:
+            return theta
+        return theta + gamma_noise(self.rng, self.shares, self.noise_scale, theta.size)
 
     async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
-        """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
-        duration = n * self.compute_time
-        users = self.learner.users
-        # The batched path simulates cascade users drawing queries; others (and a replayed
-        # log, whose queries come in order) train one query at a time.
-        if (
-            self.pool is not None
-            and isinstance(users.click_model, CascadeModel)
-            and users.arrivals is None
-        ):
-            return await self.pool.submit((self.learner, self.learner.job(start, n)), duration)
-        if users.arrivals is not None:
+        if self.users.arrivals is not None:
             replayed(self.ctx, "played", n)
-        theta = self.learner.train(start, n)
-        if duration > 0.0:
-            await asyncio.sleep(duration)
-        return theta
+        return await super().local_train(start, n)
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         """The weights this client sends for the round (async: training may be batched)."""
-        users = self.learner.users
+        users = self.users
         users.issued = []
-        theta = await self.local_train(start, self.interactions)
+        theta = await super().make_update(round, start)
         # oracle truth for eavesdroppers' scores (latest per client): the pre-noise local update
         # and the queries it came from
         users.probe.oracle[UPDATE, self.id] = (round, theta - start, users.issued)
-        return self.learner.privatise(theta)
+        return self.privatise(theta)
 
     @handles(MODEL)
     async def on_model(self, env) -> None:
         start = env.body["params"]
-        users = self.learner.users
+        users = self.users
         users.round = env.round
         if env.body.get("shares"):
-            self.learner.shares = env.body["shares"]
+            self.shares = env.body["shares"]
         if users.arrivals is not None:  # a replayed log: the queries issued since last time
             self.interactions = users.pending(self.ctx.now())
             if self.interactions == 0:  # none: an empty update (weight 0), counted
                 replayed(self.ctx, "empty_updates")
-                reply(self, env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
+                self.reply(env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
                 return
         else:
             self.interactions = self.ctx.local_work(self.id, self.batch)
@@ -293,8 +192,8 @@ class FPDGDClient(Agent):
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
         # reply() masks the update when secure aggregation is on (else it is self.send)
-        reply(
-            self, env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
+        self.reply(
+            env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
         )
 
     @handles(CALIBRATE)
@@ -302,7 +201,7 @@ class FPDGDClient(Agent):
         """Unlearning: n' local steps from the re-trained model, calibrated to the stored norm."""
         stored = self.stored.get(env.body["stored_round"])
         start = env.body["params"]
-        self.learner.users.round = env.round
+        self.users.round = env.round
         if stored is None:  # not selected (or not yet joined) in that round: nothing to replay
             update, n = np.zeros_like(start), 0
         else:
@@ -315,54 +214,6 @@ def replayed(ctx: RunContext, what: str, n: int = 1) -> None:
     """Count what a replaying client did (``replay`` in results; see
     ``simulation.replay_partition``)."""
     ctx.probe.extras["replay"][what] += n
-
-
-def batch_kind(ranker) -> tuple | None:
-    """Which batched trainer a ranker's learner goes to: ("linear",), ("mlp", hidden units)
-    for a one-hidden-layer tanh MLP, None for the one-query-at-a-time path."""
-    if isinstance(ranker, LinearRanker):
-        return ("linear",)
-    if isinstance(ranker, MLPRanker) and len(ranker.hidden) == 1 and ranker.activation == "tanh":
-        return ("mlp", ranker.hidden[0])
-    return None
-
-
-def _train_jobs(jobs: list[tuple[LocalLearner, PDGDJob]]) -> list[np.ndarray]:
-    """The pool's batch function: every learner's interactions at once, as ``train`` would.
-
-    What ``train`` does through ``Users`` happens here for the whole batch: each shown ranking's
-    nDCG goes to the probe, issued queries to ``users.issued`` when it is logging, and each
-    learner's ranker ends at its new weights.
-    """
-    groups: dict[tuple, list[int]] = {}  # one batch per training set and ranker kind
-    for i, (learner, _) in enumerate(jobs):
-        key = (id(learner.users.train), batch_kind(learner.ranker))
-        groups.setdefault(key, []).append(i)
-    out: list[np.ndarray] = [np.empty(0)] * len(jobs)
-    for (_, kind), idx in groups.items():
-        learners = [jobs[i][0] for i in idx]
-        train, batch = learners[0].users.train, [jobs[i][1] for i in idx]
-        if kind[0] == "linear":
-            res = train_linear_batch(train, batch)
-        else:
-            res = train_mlp_batch(train, batch, kind[1])
-        for i, learner, w, queries, shown in zip(
-            idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), strict=True
-        ):
-            users = learner.users
-            for q, v in zip(queries, shown, strict=True):
-                if q >= 0:  # -1: this learner ran fewer steps than the longest job
-                    users.record(v)
-                    if users.issued is not None:
-                        users.issued.append(q)
-            learner.ranker.set_params(w)
-            out[i] = w  # a row of a fresh array: nothing else holds it
-    return out
-
-
-def train_pool(ctx: RunContext) -> BatchPool:
-    """The run's one pool batching FPDGD clients' local training (``batch_kind``)."""
-    return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs, prepare=prepare))
 
 
 class FPDGDStrategy(ModelStrategy):
@@ -426,7 +277,7 @@ class FPDGD(ProtocolRun):
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
-    unlearns = True
+    actions = ProtocolRun.actions | {"unlearn"}
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
@@ -439,7 +290,9 @@ class FPDGD(ProtocolRun):
     def attach_server(self, server) -> None:
         self.server = server  # a request is stamped with the round being played
 
-    async def request_unlearning(self, agent: Agent) -> None:
+    async def act(self, agent: Agent, action: str) -> None:
+        if action != "unlearn":
+            return await super().act(agent, action)
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
         await agent.leave()  # the leaver never participates again
 
@@ -449,7 +302,7 @@ class FPDGD(ProtocolRun):
         leavers = self.strategy.leavers
         if not leavers:
             return
-        p, fed = self.ctx.params, self.ctx.cfg["federation"]
+        p, ctx = self.ctx.params, self.ctx
         last = reports[-1].round if reports else 0
         stored_rounds = list(range(p.store_every, last + 1, p.store_every))
         if not stored_rounds:
@@ -460,7 +313,7 @@ class FPDGD(ProtocolRun):
         plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
         self.ctx.emit("unlearn_start", clients=sorted(leavers), rounds=len(stored_rounds))
         calib = await server.run_rounds(strategy, plan, first_round=last + 1)
-        n_clients = fed["clients"] + self.ctx.n_malicious
+        n_clients = ctx.n_clients
         remaining = [c.replied for c in calib]
         d = self.strategy.model.size
         self.cost = {
@@ -471,7 +324,7 @@ class FPDGD(ProtocolRun):
             # retraining = every training round again, without the leavers
             "retrain_interactions": len(reports)
             * (n_clients - len(leavers))
-            * fed["queries_per_client"],
+            * ctx.queries_per_client,
             "calibration_messages": 2 * int(sum(remaining)),
             "retrain_messages": 2 * len(reports) * (n_clients - len(leavers)),
             "storage_bytes_per_client": len(stored_rounds) * d * 8,
@@ -491,18 +344,18 @@ class FPDGD(ProtocolRun):
         per client and per run, under the sensitivity the clipping gives (``epsilon_mechanism``)
         and, for comparison, the paper's nominal reading (``nominal``: Laplace every round,
         sensitivity Delta). The guarantee is of the round's aggregate (central DP)."""
-        p, fed = self.ctx.params, self.ctx.cfg["federation"]
+        p, ctx = self.ctx.params, self.ctx
         d = self.strategy.model.size
         eps_mech = p.l1_sensitivity(d) * p.epsilon / p.sensitivity
         played = sorted(self.taken_part)
-        n = fed["clients"] + self.ctx.n_malicious
+        n = ctx.n_clients
         # a round the server announced nothing in: the clients split over everyone (the paper)
         shares = {r: self.strategy.shares.get(r, n) for r in played}
         shape = {r: len(self.taken_part[r]) / shares[r] for r in played}
         mechs = {r: gamma_difference(eps_mech, shape[r]) for r in played}
         pure = [mechs[r].pure_epsilon for r in played]
         clients = [client_id(i) for i in range(n)]
-        every = self.ctx.cfg["evaluation"]["every"]
+        every = ctx.eval_every
         curve = [r for r in range(1, self.last_round + 1) if r % every == 0 or r == self.last_round]
         nominal = account(laplace(p.epsilon), self.taken_part, clients, [], p.accounting_delta)
         return {
@@ -528,7 +381,7 @@ class FPDGD(ProtocolRun):
             "nominal": {
                 "epsilon_per_round": p.epsilon,
                 "sensitivity": p.sensitivity,
-                "epsilon_basic_composition_all_rounds": p.epsilon * fed["rounds"],
+                "epsilon_basic_composition_all_rounds": p.epsilon * ctx.rounds,
                 "run": nominal["run"],
             },
             **account(mechs, self.taken_part, clients, curve, p.accounting_delta),

@@ -37,7 +37,6 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
-from foltr_async.protocols.noniid import RemedyLearner
 from foltr_async.registry import REGISTRY, ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
@@ -158,16 +157,13 @@ class AsyncFPDGDClient(FPDGDClient):
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
-        super().__init__(agent_id, ctx, queries, rng)
-        if ctx.params.rho > 0.0:
-            self.learner = RemedyLearner(ctx, queries, rng, agent_id, mu=ctx.params.rho)
-            self.pool = None
+        super().__init__(agent_id, ctx, queries, rng, mu=ctx.params.rho)
 
     @handles(MODEL)
     async def on_model(self, env) -> None:
         start = env.body["params"]
-        self.learner.users.round = env.round
-        if self.learner.users.arrivals is not None:
+        self.users.round = env.round
+        if self.users.arrivals is not None:
             n = await self.issued_queries()
             if n == 0:  # the user's log has ended: no update
                 return
@@ -181,7 +177,7 @@ class AsyncFPDGDClient(FPDGDClient):
         With none yet the client holds the model until the next one is issued (an empty
         update would come straight back as a new dispatch); 0 when the log has ended.
         Both are counted (``holds``, ``exhausted``)."""
-        users = self.learner.users
+        users = self.users
         now = self.ctx.now()
         n = users.pending(now)
         if n > 0:
@@ -212,7 +208,7 @@ class AsyncFPDGD(ProtocolRun):
                 "federation.params.rho: expected lr * rho < 2 (the proximal step "
                 f"-lr * rho * (y - w) overshoots and diverges), got {step:g}"
             )
-        if ctx.cfg["federation"].get("secure_aggregation"):
+        if ctx.secure_aggregation:
             raise ScenarioError(
                 "federation.secure_aggregation: expected false for asynchronous FPDGD "
                 "(there is no round of updates to mask together)"

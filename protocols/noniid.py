@@ -58,7 +58,7 @@ Remedies (protocol ``fpdgd_remedies``: FPDGD with these parameters; all off, it 
   only, not shown to the client's users, so they do not enter the online metric.
 
 FedProx and data sharing change the local step, so those clients train one query at a time
-(``LocalLearner.train``'s path, the same draws as the batched path); FedPer needs an MLP, which
+(``PDGDLearner.train``'s path, the same draws as the batched path); FedPer needs an MLP, which
 always does.
 """
 
@@ -82,10 +82,9 @@ from foltr_async.contract import (
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import MODEL_NAMES, cascade
 from foltr_async.ltr.clicks import click_model as make_click_model
-from foltr_async.ltr.pdgd import pdgd_gradient, pdgd_interaction, sample_ranking
-from foltr_async.ltr.pdgd_batch import compiled_pair_weights
+from foltr_async.ltr.pdgd import pdgd_interaction
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy, LocalLearner
+from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy
 from foltr_async.protocols.fpdgd import Params as FPDGDParams
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import REGISTRY, ProtocolEntry
@@ -216,9 +215,9 @@ def _click_models(spec: dict, n_grades: int) -> list:
 
 def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -> Partition:
     """Every client's data under ``[federation.partition]`` (see the module docstring)."""
-    spec = ctx.cfg["federation"]["partition"]
+    spec = ctx.partition_spec
     train, test = ctx.data.train, ctx.data.test
-    cap = ctx.cfg["evaluation"]["max_test_queries"]
+    cap = ctx.max_test_queries
     if cap is not None and cap < test.n_queries:
         test = test.subset(np.arange(cap))
     iid, how = spec["iid"], spec["assign"]
@@ -299,7 +298,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     if stacked is not train:
         ctx.shared("noniid.train", lambda: stacked)  # checkpoints name it, never copy it
 
-    own = assign_queries(train.n_queries, n_clients, ctx.cfg["federation"]["data"], rng)
+    own = assign_queries(train.n_queries, n_clients, ctx.data_mode, rng)
     models = _click_models(spec, n_grades)
     model_slot = None if not models or iid else _slots(n_clients, len(models), how, rng)
     mixture = MixtureClickModel(tuple(models)) if models else None
@@ -385,61 +384,16 @@ class _Unseen:
         pass
 
 
-class RemedyLearner(LocalLearner):
-    """PDGD local training with FedProx's proximal step and shared data mixed in."""
-
-    def __init__(
-        self,
-        ctx: RunContext,
-        queries: np.ndarray,
-        rng: np.random.Generator,
-        owner: str,
-        mu: float | None = None,
-    ) -> None:
-        super().__init__(ctx, queries, rng, None, owner)
-        self.mu = ctx.params.fedprox_mu if mu is None else mu  # FedAsync's rho passes its own
-        self.shared_users: Users | None = None  # data sharing: this client's share of G
-
-    def train(self, start: np.ndarray, n: int) -> np.ndarray:
-        """``LocalLearner.train`` plus ``-lr mu (w - start)`` per step and shared queries."""
-        ranker, own, shared = self.ranker, self.users, self.shared_users
-        ranker.set_params(start)
-        n_own = len(own.queries)
-        n_all = n_own + (len(shared.queries) if shared is not None else 0)
-        for _ in range(n):
-            users = own
-            if n_all > n_own and self.rng.integers(n_all) >= n_own:
-                users = shared
-            q = users.next_query()
-            features = users.train.features[users.train.doc_range(q)]
-            scores = ranker.score(features)
-            ranking = sample_ranking(scores, K, self.rng)
-            clicks = users.show(q, ranking)
-            if not clicks.any() and self.mu == 0.0:
-                continue
-            theta = ranker.get_params()
-            step = self.lr * pdgd_gradient(
-                ranker, features, ranking, clicks, scores, compiled_pair_weights
-            )
-            if self.mu:
-                step -= self.lr * self.mu * (theta - start)
-            theta = theta + step
-            ranker.set_params(self.clip(theta) if self.dp else theta)
-        return ranker.get_params()
-
-
 class RemedyClient(FPDGDClient):
     """A FPDGD client with the remedies its run enables."""
 
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
-        super().__init__(agent_id, ctx, queries, rng)
         p = ctx.params
-        self.ctx = ctx
-        self.learner = RemedyLearner(ctx, queries, rng, agent_id)
-        if p.fedprox_mu > 0 or p.share_alpha > 0:
-            self.pool = None  # the local step differs from plain PDGD: one query at a time
+        # FedProx's step and shared data are not plain PDGD: the learner trains those one
+        # query at a time
+        super().__init__(agent_id, ctx, queries, rng, mu=p.fedprox_mu)
         self.fedper = p.fedper
         self.out = self.learner.ranker.layer_slices()["output"] if self.fedper else None
         self.head: np.ndarray | None = None  # FedPer: the personal output layer
@@ -454,7 +408,7 @@ class RemedyClient(FPDGDClient):
         theta = await super().make_update(round, local)
         self.head = theta[self.out].copy()
         # measurement only (never a message): the personal layer, for personalised evaluation
-        self.learner.users.probe.oracle["fedper.head", self.id] = self.head
+        self.users.probe.oracle["fedper.head", self.id] = self.head
         if not self.study:
             theta[self.out] = start[self.out]  # the personal layer stays on the device
         return theta
@@ -541,7 +495,7 @@ class RemedyStrategy(FPDGDStrategy):
             self.ranker.set_params(theta)
             own = self.ctx.client_data(aid)
             tests = own.tests if own is not None and own.tests else None
-            mode = self.ctx.cfg["evaluation"]["no_relevant"]
+            mode = self.ctx.no_relevant
             values.append(
                 evaluate_views(self.ranker, tests, mode)["ndcg@10"]
                 if tests
@@ -567,7 +521,7 @@ class FPDGDRemedies(FPDGD):
 
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if p.fedper and ctx.cfg["ranker"]["kind"] != "mlp":
+        if p.fedper and ctx.ranker_kind != "mlp":
             raise ScenarioError(
                 'federation.params.fedper: needs ranker.kind = "mlp" (a '
                 "linear ranker is only its output layer)"

@@ -1,9 +1,10 @@
 """The two halves most online-learning-to-rank protocols share.
 
 ``OnlineClient``: a client agent whose users are shown rankings from a ranker copy (its own
-queries, click model and number of interactions per round, as the run's partition gives them)
-and ``serve`` one query: sample a ranking (Plackett-Luce, as PDGD explores), show it, return the
-clicks. ``ModelStrategy``: the server side of a protocol whose global state is one weight vector:
+queries, click model and number of interactions per round, as the run's partition gives them),
+trained by the one PDGD learner (``protocols/learner.py``): ``make_update`` runs the round's
+interactions (batched across clients where it can be), ``serve`` shows one query.
+``ModelStrategy``: the server side of a protocol whose global state is one weight vector:
 broadcast it as ``{"params": model}``, combine the replies' ``params`` with the scenario's
 aggregator (FedAvg weighted by ``n_interactions`` unless a robust rule is chosen), evaluate.
 A protocol overrides what differs (``aggregate`` of log replies, an Adam step, ...).
@@ -12,55 +13,71 @@ A protocol overrides what differs (``aggregate`` of log replies, an Adam step, .
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext
-from foltr_async.ltr.pdgd import sample_ranking
-from foltr_async.protocols.users import K, Users
+from foltr_async.protocols.learner import PDGDLearner, Served
+from foltr_async.protocols.users import Users
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.engine import Strategy
 
 
-class Served(NamedTuple):
-    """One query as the users saw it: the candidates' features and scores, the shown ranking
-    (document offsets in the query) and its clicks."""
-
-    features: np.ndarray
-    scores: np.ndarray
-    ranking: np.ndarray
-    clicks: np.ndarray
-
-
 class OnlineClient(Agent):
-    """A client with a ranker copy, its users and its generator; subclasses add handlers."""
+    """A client whose users are shown rankings from its ranker copy, trained by the one PDGD
+    learner (``self.learner``); subclasses add handlers.
+
+    ``make_update`` is what the client sends for a round: its users' ``self.interactions``
+    interactions of PDGD from the model it got (batched with the other clients' when it can be).
+    It is also the one hook an attacker overrides to change what is sent. ``learner`` keywords
+    go to ``PDGDLearner`` (``lr`` defaults to the protocol's ``lr`` parameter).
+    """
 
     role = "client"
+    #: False: the client only shows rankings (FOLtR-ES, centralised PDGD's loggers): no PDGD
+    trains = True
+    #: simulated seconds one local interaction takes (a protocol's compute model sets it)
+    compute_time = 0.0
 
     def __init__(
-        self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
+        self,
+        agent_id: str,
+        ctx: RunContext,
+        queries: np.ndarray,
+        rng: np.random.Generator,
+        **learner,
     ) -> None:
-        super().__init__(agent_id, ctx.bus)
-        self.ranker = ctx.new_ranker()
-        self.users = Users(
-            ctx.train_set(agent_id),
-            queries,
-            ctx.users_click_model(agent_id),
-            rng,
-            ctx.probe,
-            agent_id,
-        )
-        self.rng = rng
-        self.batch = ctx.batch_of(agent_id)
+        super().__init__(agent_id, ctx.bus, ctx.secure_half(agent_id))
+        self.ctx = ctx
+        if "lr" not in learner:
+            learner["lr"] = ctx.params.lr if self.trains else None
+        self.learner = PDGDLearner(ctx, queries, rng, agent_id, **learner)
+        self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
+        #: interactions of the training under way: the batch, or fewer (FLGo completeness)
+        self.interactions = self.batch
+
+    @property
+    def ranker(self):
+        return self.learner.ranker
+
+    @property
+    def users(self) -> Users:
+        return self.learner.users
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self.learner.rng
 
     def serve(self, q: int) -> Served:
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
-        train = self.users.train
-        features = train.features[train.doc_range(q)]
-        scores = self.ranker.score(features)
-        ranking = sample_ranking(scores, K, self.rng)
-        return Served(features, scores, ranking, self.users.show(q, ranking))
+        return self.learner.serve(q)
+
+    async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
+        """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
+        return await self.learner.learn(start, n, n * self.compute_time)
+
+    async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
+        """The weights this client sends for ``round``, trained from ``start``."""
+        return await self.local_train(start, self.interactions)
 
 
 class ModelStrategy(Strategy):

@@ -50,6 +50,8 @@ class Params:
 class LoggingClient(OnlineClient):
     """Shows the global model's rankings to its users and reports everything they did."""
 
+    trains = False  # the server learns, from the logs
+
     @handles(MODEL)
     async def on_model(self, env) -> None:
         self.ranker.set_params(env.body["params"])

@@ -52,3 +52,27 @@ def test_run_context_params_are_the_protocols_class():
     assert (p.lr, p.dp, p.epsilon, p.clip_bound, p.clip_norm) == (0.5, True, 4.5, 2.5, "l2")
     # a protocol extending another's parameters extends its class
     assert list(noniid.Params.FIELDS)[: len(fpdgd.Params.FIELDS)] == list(fpdgd.Params.FIELDS)
+
+
+def test_the_context_reads_the_scenario_once_into_typed_values(mq2008_dir):
+    """Protocols read the federation's size, evaluation cadence, ... from the context, built
+    once, not from the raw ``cfg`` tables."""
+    from foltr_async.observe.observer import Observer
+    from foltr_async.scenario.load import validate
+    from foltr_async.simulation import Simulation
+
+    raw = {
+        "dataset": {"path": str(mq2008_dir)},
+        "federation": {"protocol": "fpdgd", "clients": 4, "queries_per_client": 3, "rounds": 5},
+        "agents": [{"behaviour": "scaled_reversal", "count": 2}],
+        "timeline": [{"round": 3, "action": "unlearn", "agents": ["attackers"]}],
+        "evaluation": {"every": 2},
+    }
+    sim = Simulation(validate(raw, "t"), 1, Observer())
+    sim.build()
+    ctx = sim.ctx
+    assert (ctx.protocol, ctx.honest_clients, ctx.n_clients) == ("fpdgd", 4, 6)
+    assert (ctx.queries_per_client, ctx.rounds, ctx.eval_every) == (3, 5, 2)
+    assert ctx.unlearning and not ctx.secure_aggregation and ctx.ranker_kind == "linear"
+    assert [g["behaviour"] for g in ctx.agent_groups] == ["scaled_reversal"]
+    assert not any(a.remote for a in sim.agents.values())

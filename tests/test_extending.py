@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -10,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from foltr_async.errors import FoltrError
+from foltr_async.observe.observer import Observer
 from foltr_async.plugins import load_plugins
 from foltr_async.registry import PLUGINS_ENV, REGISTRY
 from foltr_async.runtime import secure
+from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
+from foltr_async.simulation import Simulation
 from tests.test_simulation import simulate
 
 SCENARIO = """
@@ -79,10 +83,75 @@ def test_the_example_protocol_learns_and_the_attack_hurts_it(plugins, tmp_path):
     assert attacked["offline"]["ndcg@10"][-1] < curve[-1] - 0.1
 
 
-def test_the_tutorial_shows_the_examples_code():
+def test_the_guides_attacker_is_an_attacker_on_the_bus_and_the_console(plugins, tmp_path):
+    """Its class inherits the honest client's; its role still comes from its behaviour: the
+    link rules (``attacker->server``) apply to it and the console counts it as one."""
+    path = tmp_path / "extending.toml"
+    link = '"attacker->server" = { kind = "constant", value = 5.0 }'
+    path.write_text(SCENARIO + "[network]\nlinks = { " + link + " }\n")
+    changed: list[tuple[str, str]] = []
+
+    class Roles(Observer):
+        def agent_changed(self, agent_id, role, state, rounds, last_kind) -> None:
+            changed.append((agent_id, role))
+
+    sim = Simulation(load_scenario(path).variants["attacked"], 3, Roles())
+    result = run(sim.run())
+    attackers = sim.groups["attackers"]
+    assert attackers == ["client-0004", "client-0005"]
+    assert {r for a, r in changed if a in attackers} == {"attacker"}
+    assert {r for a, r in changed if a not in attackers} == {"client"}
+    assert [sim.bus._roles[a] for a in attackers] == ["attacker", "attacker"]
+    # the attacker->server link applies to them: every round waits 5 s for their updates
+    assert result["sim_times"][-1] == pytest.approx(30 * 5.0)
+
+
+def test_the_attack_speaks_fpdgd_too_and_hurts_it(plugins, tmp_path):
+    """One mixin over the one ``make_update`` hook: the same behaviour attacks FPDGD."""
+    path = tmp_path / "extending.toml"
+    path.write_text(SCENARIO.replace('protocol = "fedavgm"', 'protocol = "fpdgd"'))
+    variants = load_scenario(path).variants
+    honest, _ = simulate(variants["fedavgm"])
+    attacked, sim = simulate(variants["attacked"])
+    assert type(sim.agents["client-0004"]).__name__ == "FPDGDSignFlipClient"
+    assert attacked["offline"]["ndcg@10"][-1] < honest["offline"]["ndcg@10"][-1] - 0.1
+
+
+def test_the_example_trains_through_fpdgds_batched_learner(plugins, tmp_path):
+    """A protocol written from the guide reaches the run's batch pool, as FPDGD does: one
+    batched call per round (zero latency: every client's training at the same instant)."""
+    path = tmp_path / "extending.toml"
+    path.write_text(SCENARIO)
+    _, sim = simulate(load_scenario(path).variants["fedavgm"])
+    pool = sim.ctx.shared("fpdgd.train_pool", lambda: None)
+    assert pool.jobs == 6 * 30 and pool.batches == 30
+
+
+def _imports(tree: ast.Module) -> set[tuple[str, str]]:
+    """(module, name) of every import statement at the top of a module."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            out |= {(node.module, alias.name) for alias in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {(alias.name, alias.name) for alias in node.names}
+    return out
+
+
+def test_the_tutorial_shows_the_examples_code_with_its_imports():
+    """Every block of the guide is the examples' code: its imports (each block starts with
+    them) are the files' own, and the rest is copied verbatim."""
     root = Path(__file__).resolve().parents[1]
-    code = "".join((root / "examples" / f).read_text() for f in ("fedavgm.py", "signflip.py"))
+    files = [(root / "examples" / f).read_text() for f in ("fedavgm.py", "signflip.py")]
+    code = "".join(files)
+    imported = set().union(*(_imports(ast.parse(f)) for f in files))
     blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "EXTENDING.md").read_text(), re.S)
     assert len(blocks) == 6
     for block in blocks:
-        assert block in code, block.splitlines()[0]
+        tree = ast.parse(block)
+        first = next(n for n in tree.body if not isinstance(n, ast.Import | ast.ImportFrom))
+        assert first is not tree.body[0], f"no imports before: {block.splitlines()[0]}"
+        assert _imports(tree) <= imported, block.splitlines()[0]
+        start = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])])
+        body = "\n".join(block.splitlines()[start - 1 :]) + "\n"
+        assert body in code, block.splitlines()[0]

@@ -11,7 +11,7 @@ import foltr_async.protocols.foltr_es as es
 from foltr_async.ltr.metrics import maxrr
 from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
-from foltr_async.protocols.fpdgd import batch_kind
+from foltr_async.protocols.learner import batch_kind
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Simulation

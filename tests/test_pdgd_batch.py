@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-import foltr_async.protocols.fpdgd as fpdgd
+import foltr_async.protocols.learner as pdgd_learner
 from foltr_async.ltr import pdgd_batch
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch, train_mlp_batch
@@ -57,8 +57,12 @@ class Shown:
 
 
 def learner(ctx, queries, seed, model):
-    """A LocalLearner with its own probe (to compare what its users were shown)."""
-    lrn = fpdgd.LocalLearner(ctx, queries, np.random.default_rng(seed), model)
+    """An FPDGD client's PDGD learner with its own probe (to compare what its users were
+    shown)."""
+    p = ctx.params
+    clip = (p.clip_bound, p.clip_order) if p.dp else None
+    rng = np.random.default_rng(seed)
+    lrn = pdgd_learner.PDGDLearner(ctx, queries, rng, click_model=model, lr=p.lr, clip=clip)
     lrn.users.probe = Shown()
     lrn.users.issued = []
     return lrn
@@ -156,7 +160,7 @@ def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
     starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
     seq = [learner(ctx, q, 500 + j, m) for j, (q, _, _, m) in enumerate(cases)]
     bat = [learner(ctx, q, 500 + j, m) for j, (q, _, _, m) in enumerate(cases)]
-    assert fpdgd.batch_kind(bat[0].ranker) == ("mlp", hidden)
+    assert pdgd_learner.batch_kind(bat[0].ranker) == ("mlp", hidden)
     expected = [lrn.train(w, n) for lrn, w, (_, n, _, _) in zip(seq, starts, cases, strict=True)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -173,7 +177,8 @@ def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
         np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
         moved += not np.array_equal(res.weights[j], w)
     assert moved > len(cases) // 3
-    deeper = fpdgd.batch_kind(make_ctx(train, 3, {"kind": "mlp", "hidden": [4, 4]}).new_ranker())
+    two_layers = make_ctx(train, 3, {"kind": "mlp", "hidden": [4, 4]}).new_ranker()
+    deeper = pdgd_learner.batch_kind(two_layers)
     assert deeper is None  # two hidden layers: one query at a time
     with pytest.raises(ValueError, match="MLP with 16 hidden"):
         train_mlp_batch(train, [bat[0].job(np.zeros(5), 1)], 16)
@@ -280,7 +285,7 @@ def scenario(
 
 def simulate(cfg, batched: bool, monkeypatch):
     if not batched:
-        monkeypatch.setattr(fpdgd, "train_pool", lambda ctx: None)
+        monkeypatch.setattr(pdgd_learner, "train_pool", lambda ctx: None)
     sim = Simulation(cfg, 3, Observer())
     result = run(sim.run())
     monkeypatch.undo()

@@ -232,3 +232,35 @@ def test_shipped_dropout_scenario_runs_a_short_secure_round_trip():
     result, _ = simulate(sc.variants["secagg-drop30"], seed=sc.seed)
     assert result["secure_aggregation"]["unmasked_rounds"] == 2
     assert result["eavesdrop"]["eve-0"]["masked_updates"] > 0
+
+
+def test_clients_and_attackers_are_built_with_their_secure_half(tmp_path, mq2008_dir):
+    """The half is a capability the agent is constructed with (from the run context), not
+    patched in afterwards: the protocol's own client factory and an attack behaviour's build
+    return agents that already handle the scheme's kinds and mask their update."""
+    text = scenario(mq2008_dir, "secure_aggregation = true")
+    text += '[[agents]]\nbehaviour = "scaled_reversal"\ncount = 1\n'
+    cfg = load(tmp_path, text).variants["default"]
+    sim = Simulation(cfg, 3, Observer())
+    sim.build()
+    ctx = sim.ctx
+    built = sim.proto.client("client-0099", np.arange(4), ctx.rng("client", "client-0099"))
+    attacker = sim.agents[sim.groups["attackers"][0]]
+    for agent in (built, attacker):
+        assert agent.secure is not None and agent.secure.spec.kind == "fpdgd.update"
+        assert set(agent.secure.kinds) <= set(agent.kinds)
+    # without secure aggregation the same factory builds agents without a half
+    plain = Simulation(load(tmp_path, scenario(mq2008_dir)).variants["default"], 3, Observer())
+    plain.build()
+    assert plain.proto.client("client-0099", np.arange(4), plain.ctx.rng("x")).secure is None
+
+
+def test_sending_the_summable_reply_with_send_is_refused_naming_reply(tmp_path, mq2008_dir):
+    """Under secure aggregation the update must go through ``reply`` (which masks it); a
+    client that ``send``s it gets an error saying so instead of leaking it in the clear."""
+    cfg = load(tmp_path, scenario(mq2008_dir, "secure_aggregation = true")).variants["default"]
+    sim = Simulation(cfg, 3, Observer())
+    sim.build()
+    client = sim.agents["client-0000"]
+    with pytest.raises(TypeError, match=r"'fpdgd.update'.*self\.reply\(dst, kind, body, round\)"):
+        client.send("server", "fpdgd.update", {"params": np.zeros(3), "n_interactions": 1}, 1)

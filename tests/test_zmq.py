@@ -172,7 +172,7 @@ async def test_network_input_is_checked_dropped_and_counted_never_raised():
     got = []
 
     class Server:
-        id, role = "server", "server"
+        id, role, remote = "server", "server", False
 
         def deliver(self, env):
             got.append(env)

@@ -6,7 +6,7 @@ each: its own weights, queries, click model and ``numpy.random.Generator``) adva
 one interaction step at a time, and everything but scoring runs in compiled code
 (``foltr_async.ltr.pdgd_kernel``): one call draws every job's random numbers, then per step one
 call ranks, clicks, measures and updates every job. One query at a time (the reference,
-``foltr_async.protocols.fpdgd.LocalLearner.train``) an interaction is ~20 small numpy calls;
+the protocols' ``PDGDLearner.train``) an interaction is ~20 small numpy calls;
 here it is one product and a share of two compiled calls, whatever the batch size, so
 staggered arrivals (batches of one or two jobs) are as cheap per query as full rounds.
 
@@ -163,7 +163,7 @@ def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def train_linear_batch(
     train: QuerySet, jobs: Sequence[PDGDJob], k: int = SERP_LENGTH
 ) -> BatchResult:
-    """Run every job's interactions: the batched ``LocalLearner.train`` of many linear
+    """Run every job's interactions: the batched ``PDGDLearner.train`` of many linear
     learners.
 
     Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result

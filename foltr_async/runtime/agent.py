@@ -20,6 +20,7 @@ import asyncio
 import inspect
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import structlog
@@ -88,6 +89,11 @@ def handles(kind: str, *more: str) -> Callable[[F], F]:
     return mark
 
 
+def _secure_dispatch(agent: Agent, method: str, env: Envelope) -> None:
+    # through ``agent.secure``, not a bound method: a checkpoint restore replaces the half
+    getattr(agent.secure, method)(agent, env)
+
+
 def declared_handlers(cls: type) -> dict[str, str]:
     """kind -> name of the method of ``cls`` marked ``@handles(kind)`` (subclass definitions
     win). Agents resolve theirs once per class; the round engine reads a strategy's the same
@@ -110,6 +116,9 @@ class Agent(Checkpointed):
     """Base class of every participant (server, client, attacker, eavesdropper)."""
 
     role: str = "agent"
+    #: hosted in this process (``distributed.RemoteAgent``, the stand-in for an agent another
+    #: process hosts, says True)
+    remote: ClassVar[bool] = False
     #: The run's machinery, rebuilt with it; the lifecycle ``state`` is checkpointed apart
     #: (it decides how the agent restarts). Every other attribute (a subclass's too) is state.
     checkpoint_skip = ("bus", "inbox", "_task", "_handlers", "state")
@@ -120,7 +129,10 @@ class Agent(Checkpointed):
         super().__init_subclass__(**kwargs)
         cls._handler_names = declared_handlers(cls)
 
-    def __init__(self, agent_id: str, bus: Bus) -> None:
+    def __init__(self, agent_id: str, bus: Bus, secure: Any = None) -> None:
+        """``secure``: the agent's secure-aggregation half (``runtime.secure.SecureClient``,
+        ``RunContext.secure_half``) when the run masks its updates: its message kinds join the
+        agent's handlers (one message at a time still) and ``reply`` masks through it."""
         self.id = agent_id
         self.bus = bus
         self.inbox = Inbox()
@@ -133,6 +145,11 @@ class Agent(Checkpointed):
         for kind, name in self._handler_names.items():
             fn = getattr(self, name)
             self._handlers[kind] = (fn, inspect.iscoroutinefunction(fn))
+        self.secure = secure
+        for kind, method in secure.kinds.items() if secure is not None else ():
+            if kind in self._handlers:
+                raise TypeError(f"{type(self).__name__} already handles {kind!r}")
+            self._handlers[kind] = (partial(_secure_dispatch, self, method), False)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state}>"
@@ -188,7 +205,23 @@ class Agent(Checkpointed):
             await self.dispatch(await self.inbox.get())
 
     def send(self, dst: str, kind: str, body: dict, round: int = 0) -> None:
+        if self.secure is not None and self.secure.spec.kind == kind:
+            # the rule: the summable reply goes through ``reply``; sent here it would travel in
+            # the clear under secure aggregation
+            raise TypeError(
+                f"{type(self).__name__}.send({kind!r}): {kind!r} is the reply secure aggregation "
+                f"masks; send it with self.reply(dst, kind, body, round)"
+            )
         self.bus.send(self.id, dst, kind, body, round)
+
+    def reply(self, dst: str, kind: str, body: dict, round: int) -> None:
+        """Send a round reply the server aggregates: masked when the agent has a secure half
+        that sums ``kind``, else plain (``send``). Use it for the reply the protocol declared
+        ``summable``: sent with ``send`` it would travel unmasked under secure aggregation."""
+        if self.secure is not None and self.secure.spec.kind == kind:
+            self.secure.submit(self, dst, body, round)
+        else:
+            self.send(dst, kind, body, round)
 
     def broadcast(self, dsts: Sequence[str], kind: str, body: dict, round: int = 0) -> None:
         self.bus.broadcast(self.id, dsts, kind, body, round)
@@ -200,10 +233,6 @@ class Agent(Checkpointed):
 
     async def on_leave(self) -> None:
         """Hook: runs on a graceful leave while still on the bus (not on a crash)."""
-
-    def on_attack(self, start: bool) -> None:
-        """The timeline's ``attack_start`` (``start`` true) or ``attack_stop`` for this agent;
-        attackers override it, the others ignore it."""
 
     def start(self) -> asyncio.Task:
         """Register on the bus, become ``joined`` and spawn the inbox loop."""

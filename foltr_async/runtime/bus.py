@@ -58,6 +58,8 @@ DropListener = Callable[[str, str, "str | None", "str | None", "str | None"], No
 class Receiver(Protocol):
     id: str
     role: str
+    #: a stand-in for an agent another process hosts (the ZeroMQ hub routes to its worker)
+    remote: bool
 
     def deliver(self, env: Envelope) -> None: ...
 

@@ -3,9 +3,10 @@
 Protocol-agnostic plumbing between a masking scheme (``protocols/secagg/``), the round engine
 and the client agents; the protocol's own messages and strategy do not change:
 
-- **client side**: a client hands its reply to ``reply(agent, dst, kind, body, round)`` instead of
-  ``agent.send``. Without secure aggregation that *is* ``agent.send``; with it, the agent's
-  ``SecureClient`` half (given by ``enrol``) masks ``weight * vector`` and ``weight`` (the
+- **client side**: a client sends its round reply with ``agent.reply(dst, kind, body, round)``
+  instead of ``agent.send``. Without secure aggregation that *is* ``agent.send``; with it, the
+  agent's ``SecureClient`` half (passed to ``Agent.__init__`` when the agent is built, from
+  ``RunContext.secure_half``) masks ``weight * vector`` and ``weight`` (the
   ``Summable`` view of the reply) and sends the masked ring vector in its own kind. The half's
   handlers (key advertisement, share relay, unmask requests) join the agent's, so the agent still
   handles one message at a time.
@@ -30,7 +31,6 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -54,9 +54,7 @@ __all__ = [
     "SecureServer",
     "Summable",
     "build",
-    "enrol",
     "register_scheme",
-    "reply",
     "scheme",
     "summable",
     "summable_for",
@@ -299,8 +297,8 @@ class SecureClient(ABC):
     """The client half of a scheme: its handlers join the agent's; ``submit`` masks a reply.
 
     A half is plain state with no reference to its agent (the agent is passed to every call), and
-    the agent's handler table reaches it through ``agent.secure``, so a checkpoint can capture
-    and restore it like any other attribute.
+    the agent's handler table reaches it through ``agent.secure`` (``Agent.__init__`` takes it),
+    so a checkpoint can capture and restore it like any other attribute.
     """
 
     #: message kind -> name of the method ``(agent, env) -> None`` that handles it
@@ -314,32 +312,6 @@ class SecureClient(ABC):
         """Mask and send (now or once the round's key material is in) a summable reply."""
 
 
-def _dispatch(agent: Agent, method: str, env: Envelope) -> None:
-    getattr(agent.secure, method)(agent, env)
-
-
-def enrol(agent: Agent, half: SecureClient) -> None:
-    """Give ``agent`` its secure-aggregation half: the half's kinds join the agent's own handlers
-    (so they run in the agent's task, one message at a time) and ``reply`` routes summable
-    replies to it."""
-    table = agent._handlers  # the agent's per-instance kind -> handler table (see Agent.__init__)
-    for kind, method in half.kinds.items():
-        if kind in table:
-            raise TypeError(f"{type(agent).__name__} already handles {kind!r}")
-        table[kind] = (partial(_dispatch, agent, method), False)
-    agent.secure = half
-
-
-def reply(agent: Agent, dst: str, kind: str, body: dict, round: int) -> None:
-    """Send a client's round reply: masked when the agent has a secure half that sums ``kind``,
-    plain otherwise (the protocol's reply site calls this instead of ``agent.send``)."""
-    half: SecureClient | None = getattr(agent, "secure", None)
-    if half is not None and half.spec.kind == kind:
-        half.submit(agent, dst, body, round)
-    else:
-        agent.send(dst, kind, body, round)
-
-
 # --------------------------------------------------------------------------- schemes
 
 
@@ -349,9 +321,6 @@ class SecureRun:
 
     server: SecureServer
     client: Callable[[str], SecureClient]  # agent id -> its half
-
-    def enrol(self, agent: Agent) -> None:
-        enrol(agent, self.client(agent.id))
 
     def report(self) -> dict[str, Any]:
         return {"secure_aggregation": self.server.report()}

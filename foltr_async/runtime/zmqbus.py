@@ -391,7 +391,7 @@ class HubBus(MemoryBus):
 
     def register(self, agent: Any) -> None:
         super().register(agent)
-        if getattr(agent, "remote", False):
+        if agent.remote:
             self._where[agent.id] = agent.worker
 
     def unregister(self, agent_id: str) -> None:

@@ -64,7 +64,7 @@ def _corpus(key: tuple) -> TextCorpus:
 
 def corpus_for(ctx: RunContext) -> TextCorpus:
     """The run's corpus (shared read-only; cached so variants of one seed reuse it)."""
-    p, fed = ctx.params, ctx.cfg["federation"]
+    p = ctx.params
     seed = p.corpus_seed if p.corpus_seed is not None else ctx.seed
     if p.corpus == "msmarco":
         missing = [k for k in ("collection", "queries", "qrels") if getattr(p, k) is None]
@@ -79,7 +79,7 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
             p.queries,
             p.qrels,
             p.run,
-            fed["clients"],
+            ctx.honest_clients,
             p.test_fraction,
         )
     else:
@@ -92,7 +92,7 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
         key = (
             "synthetic",
             seed,
-            fed["clients"],
+            ctx.honest_clients,
             p.docs_per_party,
             p.vocab_size,
             p.topics,

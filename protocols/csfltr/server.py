@@ -124,10 +124,10 @@ class CSFLTR(ProtocolRun):
     own_data = "a text corpus (term statistics, federation.params.corpus)"
 
     def __init__(self, ctx: RunContext) -> None:
-        p, fed = ctx.params, ctx.cfg["federation"]
+        p = ctx.params
         if p.z1 > p.z:
             raise ScenarioError(f"federation.params.z1: expected at most z = {p.z}, got {p.z1}")
-        if fed["clients"] < 2 and p.mode in ("csfltr", "local+"):
+        if ctx.honest_clients < 2 and p.mode in ("csfltr", "local+"):
             raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
         if ctx.n_malicious:
             raise ScenarioError("agents: csfltr has no attacker roles")

@@ -21,9 +21,8 @@ class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
 
     def __init__(self, agent_id, ctx, targets, rng, candidates) -> None:
         super().__init__(agent_id, ctx, targets, rng, candidates)
-        fed = ctx.cfg["federation"]
-        self.batch = fed["queries_per_client"]
-        self.bits = Settings(**(fed.get("secagg") or {})).precision_bits
+        self.batch = ctx.queries_per_client
+        self.bits = Settings(**ctx.secagg).precision_bits
         self.masked = 0
 
     def observe(self, header, data: bytes) -> None:
@@ -47,5 +46,5 @@ class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
         return {
             **super().summary(),
             "masked_updates": self.masked,
-            "secure_aggregation": bool(self.ctx.cfg["federation"].get("secure_aggregation")),
+            "secure_aggregation": self.ctx.secure_aggregation,
         }

@@ -14,7 +14,7 @@ from foltr_async.protocols.secagg.scheme import make_run
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Envelope, Int, register_kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
-from foltr_async.runtime.secure import SecureRun, Summable, reply
+from foltr_async.runtime.secure import SecureRun, Summable
 
 BENCH_MODEL = "secagg.bench.model"
 BENCH_UPDATE = "secagg.bench.update"
@@ -28,8 +28,10 @@ class VectorClient(Agent):
 
     role = "client"
 
-    def __init__(self, agent_id: str, bus, rng: np.random.Generator, truth: dict) -> None:
-        super().__init__(agent_id, bus)
+    def __init__(
+        self, agent_id: str, bus, rng: np.random.Generator, truth: dict, secure=None
+    ) -> None:
+        super().__init__(agent_id, bus, secure)
         self.rng = rng
         self.truth = truth
 
@@ -38,7 +40,7 @@ class VectorClient(Agent):
         vector = self.rng.normal(size=env.body["dim"])
         weight = int(self.rng.integers(1, 9))
         self.truth[env.round, self.id] = (vector, weight)
-        reply(self, env.src, BENCH_UPDATE, {"vector": vector, "weight": weight}, env.round)
+        self.reply(env.src, BENCH_UPDATE, {"vector": vector, "weight": weight}, env.round)
 
 
 class MeanStrategy(Strategy):
@@ -77,7 +79,7 @@ class VectorRun:
     reports: list = field(default_factory=list)
 
     def halves(self) -> dict[str, SecAggClient]:
-        return {a: agent.secure for a, agent in self.agents.items() if hasattr(agent, "secure")}
+        return {a: agent.secure for a, agent in self.agents.items() if agent.secure is not None}
 
 
 async def vector_rounds(
@@ -91,24 +93,29 @@ async def vector_rounds(
     prepare=None,
 ) -> VectorRun:
     """Play ``rounds`` rounds of vector clients (``settings`` None: plaintext). ``prepare(run)``
-    runs once everyone is built and enrolled, before anyone starts (taps, forced dropouts)."""
+    runs once everyone is built (with its secure half), before anyone starts (taps, forced
+    dropouts)."""
     from foltr_async.rng import stream
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.network import NetworkModel
 
     bus = MemoryBus(network or NetworkModel(), stream(seed, "net"))
     truth: dict = {}
-    agents = {
-        client_id(i): VectorClient(client_id(i), bus, stream(seed, "client", i), truth)
-        for i in range(clients)
-    }
     secure_run = None
     if settings is not None:
         secure_run = make_run(
             _BENCH_SPEC, settings, lambda *p: stream(seed, *p), lambda *a, **k: None
         )
-        for agent in agents.values():
-            secure_run.enrol(agent)
+    agents = {
+        cid: VectorClient(
+            cid,
+            bus,
+            stream(seed, "client", i),
+            truth,
+            secure_run.client(cid) if secure_run else None,
+        )
+        for i, cid in enumerate(map(client_id, range(clients)))
+    }
     strategy = MeanStrategy(dim)
     server = ServerAgent(
         bus,

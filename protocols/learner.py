@@ -1,0 +1,204 @@
+"""The one PDGD learner: a client's ranker copy, its users, and local PDGD training.
+
+Every PDGD client (FPDGD, asynchronous FPDGD, the non-IID remedies, the tutorial's FedAvgM) trains
+through ``PDGDLearner.learn``, and centralised PDGD's clients show rankings through its ``serve``,
+so the interaction loop (sample a Plackett-Luce ranking, show it, step on the clicks) is written
+once. ``learn`` hands the training to the run's compute pool (``BatchPool``), which trains every
+pending learner in one batched pass (``foltr_async.ltr.pdgd_batch``), whenever the batched path
+computes the same thing: a linear ranker or a one-hidden-layer tanh MLP, cascade users drawing
+queries at random, plain PDGD steps (no proximal term, no shared data). Otherwise it trains one
+query at a time (``train``, also the reference the batched path is tested against). Each learner
+draws from its own generator exactly as ``train`` does, so batching changes what its users see
+only up to float rounding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import NamedTuple
+
+import numpy as np
+
+from foltr_async.contract import RunContext
+from foltr_async.ltr.clicks import CascadeModel
+from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
+from foltr_async.ltr.pdgd_batch import (
+    PDGDJob,
+    compiled_pair_weights,
+    prepare,
+    train_linear_batch,
+    train_mlp_batch,
+)
+from foltr_async.ltr.rankers import LinearRanker, MLPRanker
+from foltr_async.protocols.users import K, Users
+from foltr_async.runtime.compute import BatchPool
+
+
+class Served(NamedTuple):
+    """One query as the users saw it: the candidates' features and scores, the shown ranking
+    (document offsets in the query) and its clicks."""
+
+    features: np.ndarray
+    scores: np.ndarray
+    ranking: np.ndarray
+    clicks: np.ndarray
+
+
+def clip_norm(theta: np.ndarray, bound: float, order: int = 2) -> np.ndarray:
+    """theta * min(1, bound / ||theta||) in the L``order`` norm."""
+    norm = float(np.linalg.norm(theta, ord=order))
+    return theta if norm <= bound else theta * (bound / norm)
+
+
+class PDGDLearner:
+    """A client's ranker copy and users, trained by PDGD from its users' clicks.
+
+    ``lr``: the step size (None: the learner only serves, as FOLtR-ES's clients);
+    ``clip``: (bound, norm order) applied to the weights after every step (FPDGD's DP), or None;
+    ``mu``: FedProx's proximal term, ``-lr mu (w - start)`` per step; ``shared_users``: users of
+    shared data (non-IID data sharing) whose queries are mixed in with the client's own.
+    """
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        queries: np.ndarray,
+        rng: np.random.Generator,
+        owner: str = "",
+        *,
+        lr: float | None = None,
+        click_model=None,
+        clip: tuple[float, int] | None = None,
+        mu: float = 0.0,
+    ) -> None:
+        self.ctx = ctx
+        self.ranker = ctx.new_ranker()
+        own = ctx.client_data(owner)
+        self.users = Users(
+            ctx.train_set(owner),
+            queries,
+            click_model or ctx.users_click_model(owner),
+            rng,
+            ctx.probe,
+            owner,
+            own.arrivals if own is not None else None,
+        )
+        self.rng = rng
+        self.lr = lr
+        self.clip = clip
+        self.mu = mu
+        self.shared_users: Users | None = None
+        #: the run's pool for the batched path (created with the first learner that may use it,
+        #: so a run prepares it before its rounds start)
+        self.pool = train_pool(ctx) if lr is not None and batch_kind(self.ranker) else None
+
+    def serve(self, q: int, users: Users | None = None) -> Served:
+        """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
+        users = users or self.users
+        train = users.train
+        features = train.features[train.doc_range(q)]
+        scores = self.ranker.score(features)
+        ranking = sample_ranking(scores, K, self.rng)
+        return Served(features, scores, ranking, users.show(q, ranking))
+
+    @property
+    def batched(self) -> bool:
+        """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
+        return (
+            self.pool is not None
+            and self.mu == 0.0
+            and self.shared_users is None
+            and isinstance(self.users.click_model, CascadeModel)
+            and self.users.arrivals is None
+        )
+
+    async def learn(self, start: np.ndarray, n: int, duration: float = 0.0) -> np.ndarray:
+        """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later."""
+        if self.batched:
+            return await self.pool.submit((self, self.job(start, n)), duration)
+        theta = self.train(start, n)
+        if duration > 0.0:
+            await asyncio.sleep(duration)
+        return theta
+
+    def train(self, start: np.ndarray, n: int) -> np.ndarray:
+        """n interactions one query at a time, a step after each; returns the new weights."""
+        ranker, own, shared = self.ranker, self.users, self.shared_users
+        ranker.set_params(start)
+        n_own = len(own.queries)
+        n_all = n_own + (len(shared.queries) if shared is not None else 0)
+        for _ in range(n):
+            users = own
+            if n_all > n_own and self.rng.integers(n_all) >= n_own:
+                users = shared
+            shown = self.serve(users.next_query(), users)
+            if not shown.clicks.any() and self.mu == 0.0:
+                continue
+            theta = ranker.get_params()
+            step = self.lr * pdgd_gradient(
+                ranker,
+                shown.features,
+                shown.ranking,
+                shown.clicks,
+                shown.scores,
+                compiled_pair_weights,
+            )
+            if self.mu:
+                step -= self.lr * self.mu * (theta - start)
+            theta = theta + step
+            ranker.set_params(clip_norm(theta, *self.clip) if self.clip else theta)
+        return ranker.get_params()
+
+    def job(self, start: np.ndarray, n: int) -> PDGDJob:
+        """``train(start, n)`` as a job for the batched path."""
+        users = self.users
+        bound, order = self.clip if self.clip else (None, 2)
+        return PDGDJob(start, users.queries, n, self.rng, users.click_model, self.lr, bound, order)
+
+
+def batch_kind(ranker) -> tuple | None:
+    """Which batched trainer a ranker's learner goes to: ("linear",), ("mlp", hidden units)
+    for a one-hidden-layer tanh MLP, None for the one-query-at-a-time path."""
+    if isinstance(ranker, LinearRanker):
+        return ("linear",)
+    if isinstance(ranker, MLPRanker) and len(ranker.hidden) == 1 and ranker.activation == "tanh":
+        return ("mlp", ranker.hidden[0])
+    return None
+
+
+def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
+    """The pool's batch function: every learner's interactions at once, as ``train`` would.
+
+    What ``train`` does through ``Users`` happens here for the whole batch: each shown ranking's
+    nDCG goes to the probe, issued queries to ``users.issued`` when it is logging, and each
+    learner's ranker ends at its new weights.
+    """
+    groups: dict[tuple, list[int]] = {}  # one batch per training set and ranker kind
+    for i, (learner, _) in enumerate(jobs):
+        key = (id(learner.users.train), batch_kind(learner.ranker))
+        groups.setdefault(key, []).append(i)
+    out: list[np.ndarray] = [np.empty(0)] * len(jobs)
+    for (_, kind), idx in groups.items():
+        learners = [jobs[i][0] for i in idx]
+        train, batch = learners[0].users.train, [jobs[i][1] for i in idx]
+        if kind[0] == "linear":
+            res = train_linear_batch(train, batch)
+        else:
+            res = train_mlp_batch(train, batch, kind[1])
+        for i, learner, w, queries, shown in zip(
+            idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), strict=True
+        ):
+            users = learner.users
+            for q, v in zip(queries, shown, strict=True):
+                if q >= 0:  # -1: this learner ran fewer steps than the longest job
+                    users.record(v)
+                    if users.issued is not None:
+                        users.issued.append(q)
+            learner.ranker.set_params(w)
+            out[i] = w  # a row of a fresh array: nothing else holds it
+    return out
+
+
+def train_pool(ctx: RunContext) -> BatchPool:
+    """The run's one pool batching PDGD learners' local training (``batch_kind``)."""
+    return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs, prepare=prepare))
