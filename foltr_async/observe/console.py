@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from foltr_async.observe.observer import Observer
+from foltr_async.observe.results import nobody_online_share
 from foltr_async.observe.stats import summarise
 
 BLOCKS = np.array(list("▁▂▃▄▅▆▇█"))
@@ -489,7 +490,7 @@ def nobody_online_text(contrib: dict) -> str | None:
     """'N of R rounds, X% of the simulated time' began with no client online (None: unknown)."""
     if contrib.get("nobody_online_rounds") is None:
         return None
-    share = contrib["nobody_online_s"] / contrib["rounds_s"] if contrib.get("rounds_s") else 0.0
+    share = nobody_online_share(contrib) or 0.0
     return (
         f"{contrib['nobody_online_rounds']} of {len(contrib['per_round'])} rounds, "
         f"{100 * share:.3g}% of the simulated time"
