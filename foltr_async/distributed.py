@@ -507,11 +507,12 @@ class ZmqServer:
     async def act(self, agent: RemoteAgent, action: str, round: int) -> None:
         peer = agent.worker
         if peer is None or peer not in self.workers:  # its worker is gone: the proxy records it
-            if action in ("join", "rejoin"):
+            after = self.sim.proto.state_after(action)
+            if after == "joined":
                 agent.lost = True
-            elif action in ("leave", "crash", "unlearn"):
+            elif after is not None:
                 agent.lost = False
-                agent.state = "left" if action != "crash" else "crashed"
+                agent.state = after
             return
         reply = await self._request(
             peer,

@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-#: the timeline actions every agent takes; the others are its protocol's (``ProtocolRun.act``)
-LIFECYCLE = ("join", "rejoin", "leave", "crash")
 #: an agent's role, from the run's group it is placed in (a behaviour's group: its entry's role)
 ROLE_OF_GROUP = {"clients": "client", "attackers": "attacker", "eavesdroppers": "eavesdropper"}
 
@@ -344,11 +342,6 @@ class Simulation:
                 )
         for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
             self._resolve(item["agents"], f"timeline[{i}].agents")
-            if item["action"] not in LIFECYCLE and item["action"] not in proto.actions:
-                raise ScenarioError(
-                    f"timeline[{i}].action: protocol {fed['protocol']!r} does not support "
-                    f"{item['action']!r} (its actions: {', '.join(sorted(proto.actions))})"
-                )
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:
@@ -411,7 +404,7 @@ class Simulation:
             await agent.leave()
         elif action == "crash":
             await agent.crash()
-        else:  # the protocol's own (checked against proto.actions when the run was built)
+        else:  # the attack switch or the protocol's own (the scenario was checked against them)
             await self.proto.act(agent, action)
 
     async def run(self) -> dict:

@@ -43,6 +43,7 @@ query at a time, instead of B random ones; with none it replies with the model i
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import numpy as np
 
@@ -58,6 +59,8 @@ from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
 NAME = "fpdgd"
+#: the timeline action of a client that asks to be forgotten (and leaves)
+UNLEARN_ACTION = "unlearn"
 MODEL = "fpdgd.model"
 UPDATE = "fpdgd.update"
 UNLEARN = "unlearn.request"
@@ -126,6 +129,10 @@ class FPDGDClient(OnlineClient):
     """An honest FPDGD client: the PDGD learner (clipped after every step under DP), its
     update privatised before sending, stored for unlearning; attackers change ``make_update``."""
 
+    #: whether it takes part in unlearning (stores its updates, calibrates): its protocol's
+    #: parameters then carry ``store_every`` and ``calibration_steps`` (FPDGD's ``Params``)
+    unlearns = True
+
     def __init__(
         self,
         agent_id: str,
@@ -143,11 +150,11 @@ class FPDGDClient(OnlineClient):
         #: how many clients the round's noise is split over: the server says it with the model
         #: (a server that does not gets the federation's size, the paper's choice)
         self.shares = ctx.n_clients
-        # asynchronous FPDGD's clients neither store nor calibrate
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        self.store_every = getattr(p, "store_every", None) if ctx.unlearning else None
-        self.calibration_steps = getattr(p, "calibration_steps", None)
+        unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
+        self.store_every = p.store_every if unlearns else None
+        self.calibration_steps = p.calibration_steps if unlearns else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
         self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
@@ -231,7 +238,7 @@ class FPDGDStrategy(ModelStrategy):
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
         body = self.configure_round(round)
-        if getattr(self.ctx.params, "dp", False):
+        if self.ctx.params.dp:
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
         return body
@@ -277,7 +284,7 @@ class FPDGD(ProtocolRun):
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
-    actions = ProtocolRun.actions | {"unlearn"}
+    actions = MappingProxyType({UNLEARN_ACTION: "left"})  # the leaver never takes part again
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
@@ -291,10 +298,10 @@ class FPDGD(ProtocolRun):
         self.server = server  # a request is stamped with the round being played
 
     async def act(self, agent: Agent, action: str) -> None:
-        if action != "unlearn":
+        if action != UNLEARN_ACTION:
             return await super().act(agent, action)
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
-        await agent.leave()  # the leaver never participates again
+        await agent.leave()
 
     async def finish(self, server, reports: list) -> None:
         self.taken_part = {r.round: r.clients for r in reports if r.aggregated}

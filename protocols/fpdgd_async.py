@@ -154,6 +154,8 @@ class AsyncFPDGDClient(FPDGDClient):
     """An FPDGD client that trains on every model it is handed (no unlearning store); with
     FedAsync's ``rho`` > 0 its local steps are proximal (one query at a time)."""
 
+    unlearns = False  # its protocol has no unlearn action (nor FPDGD's unlearning parameters)
+
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.pdgd import pdgd_gradient
 from foltr_async.protocols.api import (
     REGISTRY,
     Array,
@@ -27,6 +26,7 @@ from foltr_async.protocols.api import (
     parameters,
     register_kind,
 )
+from foltr_async.protocols.learner import PDGDLearner
 
 MODEL = "central.model"
 LOG = "central.log"
@@ -71,29 +71,34 @@ class LoggingClient(OnlineClient):
 
 
 class CentralStrategy(ModelStrategy):
+    """The server learns with the one PDGD learner, from every reporting client's log."""
+
     broadcast_kind = MODEL
     reply_kind = LOG
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # its users are the clients': it only learns (learn_logged), never shows a ranking
+        self.learner = PDGDLearner(
+            ctx, np.empty(0, np.int64), ctx.rng("server-learner"), "server", lr=ctx.params.lr
+        )
+
     def aggregate(self, round: int, replies: list) -> dict:
-        p, train, ranker = self.ctx.params, self.ctx.data.train, self.ranker
-        ranker.set_params(self.model)
-        pending, seen = np.zeros(ranker.n_params), 0
+        p = self.ctx.params
         scale = 1.0 / len(replies) if p.batch == 0 else 1.0
+        self.model, seen = self.learner.learn_logged(
+            self.model, self._logged(replies), every=p.batch, scale=scale
+        )
+        return {"interactions": seen}
+
+    def _logged(self, replies: list):
+        """Each logged interaction: the query's candidates, the shown ranking, its clicks."""
+        train = self.ctx.data.train
         for reply in replies:
             b = reply.body
             for q, ranking, clicks in zip(b["queries"], b["rankings"], b["clicks"], strict=True):
                 shown = ranking >= 0
-                features = train.features[train.doc_range(int(q))]
-                scores = ranker.score(features)
-                pending += pdgd_gradient(ranker, features, ranking[shown], clicks[shown], scores)
-                seen += 1
-                if p.batch and seen % p.batch == 0:
-                    ranker.set_params(ranker.get_params() + p.lr * pending)
-                    pending[:] = 0.0
-        if pending.any():
-            ranker.set_params(ranker.get_params() + p.lr * scale * pending)
-        self.model = ranker.get_params()
-        return {"interactions": seen}
+                yield train.features[train.doc_range(int(q))], ranking[shown], clicks[shown]
 
 
 class CentralPDGD(OnlineRun):

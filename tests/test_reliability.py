@@ -66,8 +66,8 @@ BAD_SCENARIOS = [
     (
         'federation.protocol = "foltr_es"\n'
         'timeline = [{ round = 2, action = "unlearn", agents = ["client-0001"] }]',
-        "timeline[0].action: protocol 'foltr_es' does not support 'unlearn' (its actions: "
-        "attack_start, attack_stop)",
+        "timeline[0].action: 'unlearn' is not an action of protocol 'foltr_es' (its actions: "
+        "join, rejoin, leave, crash, attack_start, attack_stop)",
     ),
     ('dataset.path = "no/such/fold"', "dataset.path: no/such/fold: dataset file does not exist"),
     (
