@@ -381,7 +381,7 @@ class Partition:
 @dataclass(frozen=True)
 class PartitionEntry:
     """How ``[federation.partition]`` is checked (``fields``) and turned into client data
-    (``build(ctx, n_clients, rng) -> Partition``); a module registers one."""
+    (``build(ctx, n_clients, rng) -> Partition``); a module provides one (``PROVIDES``)."""
 
     help: str
     fields: dict[str, Any]
@@ -392,7 +392,8 @@ _PARTITIONER: list[PartitionEntry] = []
 
 
 def register_partitioner(entry: PartitionEntry) -> None:
-    """Install the partitioner ``[federation.partition]`` tables use (one per process)."""
+    """Install the partitioner ``[federation.partition]`` tables use (one per process;
+    ``load_plugins`` calls it)."""
     if _PARTITIONER and _PARTITIONER[0] is not entry:
         raise ValueError("a partitioner is already registered")
     _PARTITIONER[:] = [entry]

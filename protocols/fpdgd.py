@@ -50,11 +50,11 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
+from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import summable
+from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
@@ -67,11 +67,14 @@ UNLEARN = "unlearn.request"
 CALIBRATE = "fpdgd.calibrate"
 CALIBRATED = "fpdgd.calibrated"
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
-register_kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))})
-register_kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)})
-register_kind(UNLEARN, {"client": Str(max_len=64)})
-register_kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)})
-register_kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)})
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))}),
+    Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
+    Kind(UNLEARN, {"client": Str(max_len=64)}),
+    Kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)}),
+    Kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
+)
 
 
 @parameters
@@ -395,14 +398,17 @@ class FPDGD(ProtocolRun):
         }
 
 
-# FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
-summable(NAME, UPDATE, vector="params", weight="n_interactions")
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         NAME,
         "federated PDGD + FedAvg, optional DP and unlearning",
         Params,
         FPDGD,
         wire_bytes=model_message_bytes,
-    )
+        # FPDGD's update is FedAvg'd by interactions: it may travel masked (secure
+        # aggregation)
+        summable=Summable(UPDATE, vector="params", weight="n_interactions"),
+    ),
 )

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.protocols.api import (
-    REGISTRY,
     Array,
     K,
+    Kind,
     ModelStrategy,
     OnlineClient,
     OnlineRun,
@@ -24,20 +24,22 @@ from foltr_async.protocols.api import (
     handles,
     param,
     parameters,
-    register_kind,
 )
 from foltr_async.protocols.learner import PDGDLearner
 
 MODEL = "central.model"
 LOG = "central.log"
-register_kind(MODEL, {"params": Array("float64", ndim=1)})
-register_kind(
-    LOG,
-    {
-        "queries": Array("int64", ndim=1),
-        "rankings": Array("int64", ndim=2),  # n x K document offsets, -1 pads short queries
-        "clicks": Array("bool", ndim=2),
-    },
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1)}),
+    Kind(
+        LOG,
+        {
+            "queries": Array("int64", ndim=1),
+            "rankings": Array("int64", ndim=2),  # n x K document offsets, -1 pads short queries
+            "clicks": Array("bool", ndim=2),
+        },
+    ),
 )
 
 
@@ -109,8 +111,10 @@ class CentralPDGD(OnlineRun):
         return {"privacy": {"dp": False, "raw_clicks_leave_clients": True}}
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         "pdgd_central", "centralised PDGD baseline: clients upload click logs", Params, CentralPDGD
-    )
+    ),
 )
