@@ -245,6 +245,11 @@ class RunContext:
             obj = self._shared[name] = make()
         return obj
 
+    def shared_objects(self) -> dict[str, Any]:
+        """Every object ``shared`` made so far, by name (checkpoints; a worker prepares the
+        compute pools among them before real-time rounds)."""
+        return dict(self._shared)
+
     def new_ranker(self):
         r = self.cfg["ranker"]
         kw = {}

@@ -814,10 +814,9 @@ class AgentHost:
                 agent.state = spec["state"]
         # Compute pools' one-off set-up (compiled kernels) before the server's rounds start:
         # their deadlines are real time here, and round 1 would otherwise pay it.
-        for agent in self.sim.agents.values():
-            pool = getattr(agent, "pool", None)
-            if isinstance(pool, BatchPool):
-                pool.prepare()
+        for obj in self.sim.ctx.shared_objects().values():
+            if isinstance(obj, BatchPool):
+                obj.prepare()
         heap.freeze()  # the agents and their compiled code live until the run ends
         return self.states()
 

@@ -284,12 +284,6 @@ class Simulation:
                     "network.flgo: expected no FLGo system model with dataset.format = "
                     "'aol4foltr' (the log decides when and how much each client trains)"
                 )
-            if getattr(ctx.params, "dp", False):
-                raise ScenarioError(
-                    "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
-                    "client with no new query sends an empty update without its noise share, so "
-                    "the round's noise would not sum to the Laplace the accounting states)"
-                )
             ctx.partition = replay_partition(data.logs, cfg["dataset"]["time_scale"], self.probe)
             ctx.partition.by_agent = {client_id(i): c for i, c in enumerate(ctx.partition.clients)}
             queries = [c.queries for c in ctx.partition.clients]
@@ -687,7 +681,7 @@ class Simulation:
         if self.secure is not None:
             named["secure"] = self.secure
             named["secure.server"] = self.secure.server
-        named.update({f"shared:{k}": v for k, v in ctx._shared.items()})
+        named.update({f"shared:{k}": v for k, v in ctx.shared_objects().items()})
         named.update({f"agent:{aid}": a for aid, a in self.agents.items()})
         return {k: v for k, v in named.items() if v is not None}
 

@@ -48,6 +48,7 @@ from types import MappingProxyType
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
+from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.registry import ProtocolEntry
@@ -291,6 +292,12 @@ class FPDGD(ProtocolRun):
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
+        if ctx.params.dp and ctx.data.logs is not None:
+            raise ScenarioError(
+                "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
+                "client with no new query sends an empty update without its noise share, so "
+                "the round's noise would not sum to the Laplace the accounting states)"
+            )
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
         self.cost: dict = {}

@@ -95,3 +95,14 @@ def test_a_plugin_taking_a_built_in_name_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("FOLTR_ASYNC_PLUGINS", "clash")
     with pytest.raises(FoltrError, match=r"^FOLTR_ASYNC_PLUGINS: clash: ProtocolEntry 'fpdgd' "):
         load_plugins()
+
+
+def test_list_shows_plugin_names_and_each_protocols_own_actions(monkeypatch, capsys):
+    from foltr_async import cli
+
+    monkeypatch.setenv("FOLTR_ASYNC_PLUGINS", "tests.plugin_retire, examples.fedavgm")
+    assert cli.main(["list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["fpdgd_retire"].endswith("(timeline actions: retire, unlearn)")
+    assert lines["fpdgd"].endswith("(timeline actions: unlearn)")
+    assert "timeline actions" not in lines["fedavgm"] + lines["foltr_es"]
