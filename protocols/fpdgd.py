@@ -288,7 +288,7 @@ class FPDGD(ProtocolRun):
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
-    actions = MappingProxyType({UNLEARN_ACTION: "left"})  # the leaver never takes part again
+    actions = MappingProxyType({UNLEARN_ACTION: "left"})  # the leaver leaves for good
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
@@ -311,7 +311,7 @@ class FPDGD(ProtocolRun):
         if action != UNLEARN_ACTION:
             return await super().act(agent, action)
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
-        await agent.leave()
+        await agent.leave()  # the leaver never participates again
 
     async def finish(self, server, reports: list) -> None:
         self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
