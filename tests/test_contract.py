@@ -15,8 +15,10 @@ import pytest
 from foltr_async.errors import ScenarioError
 from foltr_async.experiment import run_scenario
 from foltr_async.observe.observer import Observer
+from foltr_async.plugins import load_plugins
 from foltr_async.protocols import fpdgd, pdgd_central
 from foltr_async.protocols.learner import PDGDLearner
+from foltr_async.registry import PLUGINS_ENV, REGISTRY
 from foltr_async.scenario.load import load_scenario, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,10 +70,21 @@ def test_protocols_declare_their_actions_and_the_state_each_leaves():
     assert "unlearn" not in pdgd_central.CentralPDGD.takes()
 
 
-def test_a_plugin_protocol_runs_its_own_action(tmp_path, mq2008_dir, monkeypatch):
+@pytest.fixture
+def retire_plugin():
+    """tests/plugin_retire.py loaded for one test: the others see the shipped protocols."""
+    load_plugins()
+    saved = dict(REGISTRY.protocols)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(PLUGINS_ENV, "tests.plugin_retire")
+        yield load_plugins()
+    REGISTRY.protocols.clear()
+    REGISTRY.protocols.update(saved)
+
+
+def test_a_plugin_protocol_runs_its_own_action(tmp_path, mq2008_dir, retire_plugin):
     """``retire`` (tests/plugin_retire.py) is declared by the plugin's run: the timeline takes
     it, and the retired client sends no update after it."""
-    monkeypatch.setenv("FOLTR_ASYNC_PLUGINS", "tests.plugin_retire")
     path = scenario(
         tmp_path / "s.toml",
         mq2008_dir,

@@ -3,6 +3,7 @@ installs what each module declares in its ``PROVIDES``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,12 +98,16 @@ def test_a_plugin_taking_a_built_in_name_is_one_line(monkeypatch, tmp_path):
         load_plugins()
 
 
-def test_list_shows_plugin_names_and_each_protocols_own_actions(monkeypatch, capsys):
-    from foltr_async import cli
-
-    monkeypatch.setenv("FOLTR_ASYNC_PLUGINS", "tests.plugin_retire, examples.fedavgm")
-    assert cli.main(["list"]) == 0
-    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+def test_list_shows_plugin_names_and_each_protocols_own_actions():
+    done = subprocess.run(
+        [sys.executable, "-m", "foltr_async", "list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FOLTR_ASYNC_PLUGINS": "tests.plugin_retire, examples.fedavgm"},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
     assert lines["fpdgd_retire"].endswith("(timeline actions: retire, unlearn)")
     assert lines["fpdgd"].endswith("(timeline actions: unlearn)")
     assert "timeline actions" not in lines["fedavgm"] + lines["foltr_es"]
