@@ -49,7 +49,6 @@ import numpy as np
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import linear_scores
 
 __all__ = [
     "BatchResult",
@@ -204,49 +203,52 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
         owned_ptr.append(owned_ptr[-1] + size)
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
+    pdgd_kernel.use_threads()
     data = _data(train, k)
     params, tables, n_grades = _params(jobs)
+    ptrs = pdgd_kernel.generator_pointers([job.rng for job in jobs])
+    # jobs sharing a generator draw one after the other, as the sequential path would
+    shared = len(set(ptrs[:, 2].tolist())) < len(jobs)
+    owned = np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False)
+    owned_ptr = np.array(owned_ptr, dtype=np.int64)
+    steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
+    features = train.features
+    if not hidden:
+        query, shown = pdgd_kernel.train_linear(
+            ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
+            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w,
+        )  # fmt: skip
+        return BatchResult(w, query, shown)
     query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
-        pdgd_kernel.generator_pointers([job.rng for job in jobs]),
-        np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
-        np.array(owned_ptr, dtype=np.int64),
-        np.array([job.n_steps for job in jobs], dtype=np.int64),
-        data.size_arr,
-        k,
+        ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
     )
-    work = pdgd_kernel.workspace(k, int(data.size_arr.max(initial=0)))
+    max_docs = int(data.size_arr.max(initial=0))
     scores = np.empty_like(gumbel)
-    features, starts, sizes = train.features, data.starts, data.sizes
-    if hidden:  # per job, views into w (which the kernel updates): W (n_feat, hidden), b, v
-        o_b = n_feat * hidden
-        layers = [(wj[:o_b].reshape(n_feat, hidden), wj[o_b:-hidden], wj[-hidden:]) for wj in w]
-        per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
-        acts = np.empty((max(per_step, default=0), hidden))
-    else:  # no activations
-        layers, acts = list(w), np.empty((0, 0))
+    starts, sizes = data.starts, data.sizes
+    # per job, views into w (which the kernel updates): W (n_feat, hidden), b, v
+    o_b = n_feat * hidden
+    layers = [(wj[:o_b].reshape(n_feat, hidden), wj[o_b:-hidden], wj[-hidden:]) for wj in w]
+    per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
+    acts = np.empty((max(per_step, default=0), hidden))
     aptr = np.zeros(len(jobs), dtype=np.int64)
     rows = list(enumerate(zip(layers, query.tolist(), gptr.tolist(), strict=True)))
     for s in range(query.shape[1]):
         at = 0
-        for j, (layer, qj, oj) in rows:
+        for j, ((W, b, v), qj, oj) in rows:
             q = qj[s]
             if q < 0:
                 continue
             first, n, o = starts[q], sizes[q], oj[s]
-            if hidden:
-                W, b, v = layer
-                a = acts[at : at + n]
-                x = np.asarray(features[first : first + n], dtype=np.float64)
-                np.tanh(x @ W + b, out=a)
-                np.matmul(a, v, out=scores[o : o + n])
-                aptr[j] = at
-                at += n
-            else:
-                linear_scores(features[first : first + n], layer, scores[o : o + n])
+            a = acts[at : at + n]
+            x = np.asarray(features[first : first + n], dtype=np.float64)
+            np.tanh(x @ W + b, out=a)
+            np.matmul(a, v, out=scores[o : o + n])
+            aptr[j] = at
+            at += n
         pdgd_kernel.step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
             data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
-            aptr, work,
+            aptr, max_docs,
         )  # fmt: skip
     return BatchResult(w, query, shown)
 

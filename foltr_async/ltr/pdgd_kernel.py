@@ -26,22 +26,59 @@ hidden layer), the step and the DP clipping.
 from __future__ import annotations
 
 import ctypes
+import os
 
-import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import config
-from numba.extending import intrinsic
+from foltr_async.ltr.threads import cores, threads
 
-__all__ = ["draw", "generator_pointers", "pair_weights", "step", "workspace"]
+# numba sizes its thread pool once, from NUMBA_NUM_THREADS (default: every CPU of the machine,
+# not this process's affinity); leave room for a --threads above the cores.
+os.environ.setdefault("NUMBA_NUM_THREADS", str(max(cores(), threads())))
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.core import config  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+#: numba's threading layer, named rather than "whichever loads first": ``workqueue`` ships
+#: with numba, so every machine runs the same layer (OpenMP and TBB need system libraries).
+#: It is neither nestable nor safe to launch from two Python threads at once; the simulator
+#: calls the kernel from one thread, and jobs in a batch never depend on each other.
+config.THREADING_LAYER = "workqueue"
 
 
-def _jit(fn):
-    """``njit(cache=True)``, or without the disk cache where numba finds no writable place."""
+def use_threads() -> int:
+    """Let the next kernel calls of this thread use ``threads()`` threads (at most numba's
+    pool); returns the number in force."""
+    n = min(threads(), config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(n)
+    return n
+
+
+__all__ = [
+    "draw",
+    "generator_pointers",
+    "pair_weights",
+    "step",
+    "train_linear",
+    "use_threads",
+    "workspace",
+]
+
+
+def _jit(fn, **options):
+    """``njit(cache=True, nogil=True)``, or without the disk cache where numba finds no
+    writable place."""
     try:
-        return njit(cache=True, error_model="numpy")(fn)
+        return njit(cache=True, nogil=True, error_model="numpy", **options)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
-        return njit(error_model="numpy")(fn)
+        return njit(nogil=True, error_model="numpy", **options)(fn)
+
+
+def _parallel(fn):
+    """``_jit`` with ``prange`` loops over jobs run by numba's thread pool."""
+    return _jit(fn, parallel=True)
 
 
 _VOID_P = ir.IntType(8).as_pointer()
@@ -119,19 +156,15 @@ def _bounded(fn32, state, high):
 
 
 @_jit
-def draw(ptrs, owned, owned_ptr, steps, sizes, k):
-    """Every job's draws in the sequential order.
-
-    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
-    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
-    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
-    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
-    ``uniform[uptr[j, s]:]``.
-    """
+def _layout(owned, owned_ptr, steps, sizes, k):
+    """Where each job's draws go: its first Gumbel and uniform slot (``goff``, ``uoff``; room
+    for ``steps[j]`` of its largest owned query, so jobs can draw at once), the longest job's
+    steps and the largest query."""
     n_jobs = steps.size
+    goff = np.zeros(n_jobs + 1, dtype=np.int64)
+    uoff = np.zeros(n_jobs + 1, dtype=np.int64)
     n_steps = 0
-    g_total = 0
-    u_total = 0
+    max_docs = 0
     for j in range(n_jobs):
         biggest = 0
         for i in range(owned_ptr[j], owned_ptr[j + 1]):
@@ -139,35 +172,67 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k):
                 raise IndexError("a job owns a query the training set does not have")
             biggest = max(biggest, sizes[owned[i]])
         n_steps = max(n_steps, steps[j])
-        g_total += steps[j] * biggest
-        u_total += steps[j] * 2 * min(k, biggest)
+        if steps[j] > 0:
+            max_docs = max(max_docs, biggest)
+        goff[j + 1] = goff[j] + steps[j] * biggest
+        uoff[j + 1] = uoff[j] + steps[j] * 2 * min(k, biggest)
+    return goff, uoff, n_steps, max_docs
+
+
+@_jit
+def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gumbel, uniform):
+    """Job ``j``'s draws in the sequential order, from ``gptr[j, 0]`` and ``uptr[j, 0]`` on."""
+    fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
+    first = owned_ptr[j]
+    n_owned = owned_ptr[j + 1] - first
+    go = gptr[j, 0]
+    uo = uptr[j, 0]
+    for s in range(steps[j]):
+        pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
+        q = owned[first + pick]
+        query[j, s] = q
+        n = sizes[q]
+        gptr[j, s] = go
+        for i in range(n):
+            u = 1.0 - _next_double(fn_d, state)
+            while not u < 1.0:
+                u = 1.0 - _next_double(fn_d, state)
+            gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
+        go += n
+        uptr[j, s] = uo
+        for i in range(2 * min(k, n)):
+            uniform[uo + i] = _next_double(fn_d, state)
+        uo += 2 * min(k, n)
+
+
+@_parallel
+def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """Every job's draws in the sequential order.
+
+    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
+    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
+    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
+    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
+    ``uniform[uptr[j, s]:]``. Jobs draw in parallel, each from its own generator, unless
+    ``shared`` (some jobs share a generator): then one after the other, in job order.
+    """
+    goff, uoff, n_steps, _ = _layout(owned, owned_ptr, steps, sizes, k)
+    n_jobs = steps.size
     query = np.full((n_jobs, n_steps), -1, dtype=np.int64)
     gptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
     uptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
-    gumbel = np.empty(g_total)
-    uniform = np.empty(u_total)
-    go = 0
-    uo = 0
     for j in range(n_jobs):
-        fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
-        first = owned_ptr[j]
-        n_owned = owned_ptr[j + 1] - first
-        for s in range(steps[j]):
-            pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
-            q = owned[first + pick]
-            query[j, s] = q
-            n = sizes[q]
-            gptr[j, s] = go
-            for i in range(n):
-                u = 1.0 - _next_double(fn_d, state)
-                while not u < 1.0:
-                    u = 1.0 - _next_double(fn_d, state)
-                gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
-            go += n
-            uptr[j, s] = uo
-            for i in range(2 * min(k, n)):
-                uniform[uo + i] = _next_double(fn_d, state)
-            uo += 2 * min(k, n)
+        if n_steps:
+            gptr[j, 0], uptr[j, 0] = goff[j], uoff[j]
+    gumbel = np.empty(goff[n_jobs])
+    uniform = np.empty(uoff[n_jobs])
+    out = (query, gptr, uptr, gumbel, uniform)
+    if shared:
+        for j in range(n_jobs):
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
+    else:
+        for j in prange(n_jobs):
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
     return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
 
 
@@ -326,7 +391,8 @@ def pair_weights(scores, ranking, clicks):
     return out
 
 
-def workspace(k: int, max_docs: int) -> tuple:
+@_jit
+def workspace(k, max_docs):
     """The step's scratch arrays for SERPs of ``k`` and queries of up to ``max_docs``
     documents: Gumbel-top-k values and documents, clicks, shown scores, log D, coefficients,
     pair ratios, and an all-False mask of the shown documents."""
@@ -468,36 +534,95 @@ def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
 
 
 @_jit
+def _linear_scores(features, first, n, wj, out, o):
+    """``out[o:o + n]`` = the scores of documents ``first .. first + n - 1``: float64 sums of
+    the float32 (or float64) rows times ``wj``, four partial sums per row (so LLVM can keep
+    them in vector lanes), no upcast copy of the rows."""
+    n_feat = wj.size
+    top = n_feat - n_feat % 4
+    for i in range(n):
+        row = features[first + i]
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        for f in range(0, top, 4):
+            a0 += np.float64(row[f]) * wj[f]
+            a1 += np.float64(row[f + 1]) * wj[f + 1]
+            a2 += np.float64(row[f + 2]) * wj[f + 2]
+            a3 += np.float64(row[f + 3]) * wj[f + 3]
+        acc = (a0 + a1) + (a2 + a3)
+        for f in range(top, n_feat):
+            acc += np.float64(row[f]) * wj[f]
+        out[o + i] = acc
+
+
+@_parallel
+def train_linear(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w,
+):  # fmt: skip
+    """A whole batch of linear learners in one call: ``draw``, then every job's interactions
+    (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
+    jobs in parallel. Returns ``draw``'s ``query`` and the shown nDCG@k (``step``'s
+    arguments otherwise)."""
+    query, gptr, uptr, gumbel, uniform, ndcg = draw(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+    max_docs = 0
+    for q in range(sizes.size):
+        max_docs = max(max_docs, sizes[q])
+    scores = np.empty_like(gumbel)
+    for j in prange(steps.size):
+        work = workspace(k, max_docs)
+        coef, top_i = work[5], work[1]
+        grad = np.empty(w.shape[1])
+        wj = w[j]
+        for s in range(steps[j]):
+            first = qptr[query[j, s]]
+            n = qptr[query[j, s] + 1] - first
+            _linear_scores(features, first, n, wj, scores, gptr[j, s])
+            m = _interact(
+                j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
+                ideal, tables, n_grades, params, ndcg, k, work,
+            )  # fmt: skip
+            if m:
+                _linear_grad(grad, coef, top_i, m, features, first)
+                _ascend(w, j, grad, params)
+    return query, ndcg
+
+
+@_parallel
 def step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, work,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs,
 ):  # fmt: skip
-    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
+    """Interaction ``s`` of every job with ``query[j, s] >= 0``, jobs in parallel: rank,
+    click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
     ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1): the
     model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
     ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
     document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
-    ``work`` is ``workspace``'s.
+    queries have at most ``max_docs`` documents.
     Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
     ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
     query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).
     """
-    grad = np.empty(w.shape[1])
-    dpre = np.empty(acts.shape[1])
-    coef, top_i = work[5], work[1]
-    for j in range(query.shape[0]):
+    for j in prange(query.shape[0]):
         if query[j, s] < 0:
             continue
+        work = workspace(k, max_docs)
         m = _interact(
             j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
             ideal, tables, n_grades, params, ndcg, k, work,
         )  # fmt: skip
         if not m:
             continue
+        coef, top_i = work[5], work[1]
+        grad = np.empty(w.shape[1])
         first = qptr[query[j, s]]
         if acts.shape[1]:
+            dpre = np.empty(acts.shape[1])
             _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
         else:
             _linear_grad(grad, coef, top_i, m, features, first)
