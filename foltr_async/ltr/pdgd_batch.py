@@ -203,7 +203,6 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
         owned_ptr.append(owned_ptr[-1] + size)
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
-    pdgd_kernel.use_threads()
     data = _data(train, k)
     params, tables, n_grades = _params(jobs)
     ptrs = pdgd_kernel.generator_pointers([job.rng for job in jobs])
@@ -212,14 +211,15 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
     owned = np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False)
     owned_ptr = np.array(owned_ptr, dtype=np.int64)
     steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
+    train_linear, draw, step, n_threads = pdgd_kernel.use_threads(len(jobs), int(steps.sum()))
     features = train.features
     if not hidden:
-        query, shown = pdgd_kernel.train_linear(
+        query, shown = train_linear(
             ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
-            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w,
+            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
         )  # fmt: skip
         return BatchResult(w, query, shown)
-    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
+    query, gptr, uptr, gumbel, uniform, shown = draw(
         ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
     )
     max_docs = int(data.size_arr.max(initial=0))
@@ -245,10 +245,10 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
             np.matmul(a, v, out=scores[o : o + n])
             aptr[j] = at
             at += n
-        pdgd_kernel.step(
+        step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
             data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
-            aptr, max_docs,
+            aptr, max_docs, n_threads,
         )  # fmt: skip
     return BatchResult(w, query, shown)
 

@@ -41,22 +41,22 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import config  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-#: numba's threading layer, named rather than "whichever loads first": ``workqueue`` ships
-#: with numba, so every machine runs the same layer (OpenMP and TBB need system libraries).
-#: It is neither nestable nor safe to launch from two Python threads at once; the simulator
-#: calls the kernel from one thread, and jobs in a batch never depend on each other.
-config.THREADING_LAYER = "workqueue"
+#: numba's threading layer, by one rule rather than "whichever loads first" (numba's default
+#: tries TBB, then OpenMP): ``workqueue``, which ships with numba, so every machine runs the
+#: same layer; a ``NUMBA_THREADING_LAYER`` set by the user wins. Results do not depend on it.
+#: Measured on a shared 2-core machine (load ~10): GNU OpenMP's spinning threads made a batch
+#: of 10 jobs take 40 ms instead of 0.2 ms, and with ``OMP_WAIT_POLICY=PASSIVE`` a round of
+#: 1000 jobs took 28 ms with two threads against workqueue's 16 (one thread: 20). Workqueue is
+#: not safe to launch from two Python threads at once: the simulator calls the kernel from one.
+LAYER = config.THREADING_LAYER = os.environ.get("NUMBA_THREADING_LAYER") or "workqueue"
 
-
-def use_threads() -> int:
-    """Let the next kernel calls of this thread use ``threads()`` threads (at most numba's
-    pool); returns the number in force."""
-    n = min(threads(), config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(n)
-    return n
-
+#: the smallest batch (interactions) run in parallel: starting workqueue's threads costs
+#: ~30-40 us, what 2 threads save on ~16 interactions of MQ2007 size (4-5 us each)
+PARALLEL_FROM = 16
 
 __all__ = [
+    "LAYER",
+    "PARALLEL_FROM",
     "draw",
     "generator_pointers",
     "pair_weights",
@@ -67,9 +67,11 @@ __all__ = [
 ]
 
 
-def _jit(fn, **options):
+def _jit(fn=None, **options):
     """``njit(cache=True, nogil=True)``, or without the disk cache where numba finds no
-    writable place."""
+    writable place (also as ``@_jit(**options)``)."""
+    if fn is None:
+        return lambda f: _jit(f, **options)
     try:
         return njit(cache=True, nogil=True, error_model="numpy", **options)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
@@ -79,6 +81,18 @@ def _jit(fn, **options):
 def _parallel(fn):
     """``_jit`` with ``prange`` loops over jobs run by numba's thread pool."""
     return _jit(fn, parallel=True)
+
+
+def use_threads(n_jobs: int, interactions: int) -> tuple:
+    """The kernels for a batch of ``n_jobs`` and their thread count: ``(train_linear, draw,
+    step, n)`` run by ``n = threads()`` threads (at most numba's pool), or their serial twins
+    (same code and results, no threads to start) and 1 for one job, one thread or fewer than
+    ``PARALLEL_FROM`` interactions."""
+    n = min(threads(), config.NUMBA_NUM_THREADS)
+    if n > 1 and n_jobs > 1 and interactions >= PARALLEL_FROM:
+        numba.set_num_threads(n)
+        return train_linear, draw, step, n
+    return _train_linear_serial, _draw_serial, _step_serial, 1
 
 
 _VOID_P = ir.IntType(8).as_pointer()
@@ -205,9 +219,10 @@ def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gum
         uo += 2 * min(k, n)
 
 
-@_parallel
-def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
-    """Every job's draws in the sequential order.
+@_jit(inline="always")
+def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """Every job's draws in the sequential order (``draw``, inlined so its ``prange`` runs in
+    the caller's thread pool).
 
     Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
     a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
@@ -234,6 +249,18 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
         for j in prange(n_jobs):
             _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
     return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
+
+
+@_parallel
+def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """``_draws``, jobs in parallel (``use_threads`` picks it)."""
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+
+
+@_jit
+def _draw_serial(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """``_draws``, one job after the other."""
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
 
 
 @_jit
@@ -557,73 +584,137 @@ def _linear_scores(features, first, n, wj, out, o):
         out[o + i] = acc
 
 
-@_parallel
-def train_linear(
+@_jit
+def _chunks(n_jobs, n_threads):
+    """Bounds of the job ranges a parallel loop hands out: a few per thread, so uneven jobs
+    balance, each allocating its scratch arrays once (results do not depend on them)."""
+    n = min(n_jobs, 4 * n_threads)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    for c in range(1, n + 1):
+        bounds[c] = c * n_jobs // n
+    return bounds
+
+
+@_jit(inline="always")
+def _train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w,
+    ideal, tables, n_grades, params, w, n_threads,
 ):  # fmt: skip
     """A whole batch of linear learners in one call: ``draw``, then every job's interactions
     (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
     jobs in parallel. Returns ``draw``'s ``query`` and the shown nDCG@k (``step``'s
-    arguments otherwise)."""
-    query, gptr, uptr, gumbel, uniform, ndcg = draw(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+    arguments otherwise, ``n_threads`` the threads in force)."""
+    query, gptr, uptr, gumbel, uniform, ndcg = _draws(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared
+    )
     max_docs = 0
     for q in range(sizes.size):
         max_docs = max(max_docs, sizes[q])
     scores = np.empty_like(gumbel)
-    for j in prange(steps.size):
+    bounds = _chunks(steps.size, n_threads)
+    for c in prange(bounds.size - 1):
         work = workspace(k, max_docs)
         coef, top_i = work[5], work[1]
         grad = np.empty(w.shape[1])
-        wj = w[j]
-        for s in range(steps[j]):
-            first = qptr[query[j, s]]
-            n = qptr[query[j, s] + 1] - first
-            _linear_scores(features, first, n, wj, scores, gptr[j, s])
-            m = _interact(
-                j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
-                ideal, tables, n_grades, params, ndcg, k, work,
-            )  # fmt: skip
-            if m:
-                _linear_grad(grad, coef, top_i, m, features, first)
-                _ascend(w, j, grad, params)
+        for j in range(bounds[c], bounds[c + 1]):
+            wj = w[j]
+            for s in range(steps[j]):
+                first = qptr[query[j, s]]
+                n = qptr[query[j, s] + 1] - first
+                _linear_scores(features, first, n, wj, scores, gptr[j, s])
+                m = _interact(
+                    j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
+                    discount, ideal, tables, n_grades, params, ndcg, k, work,
+                )  # fmt: skip
+                if m:
+                    _linear_grad(grad, coef, top_i, m, features, first)
+                    _ascend(w, j, grad, params)
     return query, ndcg
 
 
 @_parallel
-def step(
-    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs,
+def train_linear(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, n_threads,
 ):  # fmt: skip
-    """Interaction ``s`` of every job with ``query[j, s] >= 0``, jobs in parallel: rank,
-    click, nDCG, update.
+    """``_train_linear``, jobs in parallel (``use_threads`` picks it)."""
+    return _train_linear(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
+        discount, ideal, tables, n_grades, params, w, n_threads,
+    )  # fmt: skip
+
+
+@_jit
+def _train_linear_serial(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, n_threads,
+):  # fmt: skip
+    """``_train_linear``, one job after the other."""
+    return _train_linear(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
+        discount, ideal, tables, n_grades, params, w, n_threads,
+    )  # fmt: skip
+
+
+@_jit(inline="always")
+def _step(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+):  # fmt: skip
+    """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
     ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1): the
     model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
     ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
     document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
-    queries have at most ``max_docs`` documents.
+    queries have at most ``max_docs`` documents; ``n_threads`` sizes the job ranges.
     Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
     ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
     query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).
     """
-    for j in prange(query.shape[0]):
-        if query[j, s] < 0:
-            continue
+    bounds = _chunks(query.shape[0], n_threads)
+    for c in prange(bounds.size - 1):
         work = workspace(k, max_docs)
-        m = _interact(
-            j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
-            ideal, tables, n_grades, params, ndcg, k, work,
-        )  # fmt: skip
-        if not m:
-            continue
         coef, top_i = work[5], work[1]
         grad = np.empty(w.shape[1])
-        first = qptr[query[j, s]]
-        if acts.shape[1]:
-            dpre = np.empty(acts.shape[1])
-            _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
-        else:
-            _linear_grad(grad, coef, top_i, m, features, first)
-        _ascend(w, j, grad, params)
+        dpre = np.empty(acts.shape[1])
+        for j in range(bounds[c], bounds[c + 1]):
+            if query[j, s] < 0:
+                continue
+            m = _interact(
+                j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
+                discount, ideal, tables, n_grades, params, ndcg, k, work,
+            )  # fmt: skip
+            if not m:
+                continue
+            first = qptr[query[j, s]]
+            if acts.shape[1]:
+                _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
+            else:
+                _linear_grad(grad, coef, top_i, m, features, first)
+            _ascend(w, j, grad, params)
+
+
+@_parallel
+def step(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+):  # fmt: skip
+    """``_step``, jobs in parallel (``use_threads`` picks it)."""
+    _step(
+        s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    )  # fmt: skip
+
+
+@_jit
+def _step_serial(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+):  # fmt: skip
+    """``_step``, one job after the other."""
+    _step(
+        s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    )  # fmt: skip
