@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from foltr_async.ltr.threads import cores, threads
+from foltr_async.ltr.threads import cores, layer, threads
 
 # numba sizes its thread pool once, from NUMBA_NUM_THREADS (default: every CPU of the machine,
 # not this process's affinity); leave room for a --threads above the cores.
@@ -48,7 +48,7 @@ from numba.extending import intrinsic  # noqa: E402
 #: of 10 jobs take 40 ms instead of 0.2 ms, and with ``OMP_WAIT_POLICY=PASSIVE`` a round of
 #: 1000 jobs took 28 ms with two threads against workqueue's 16 (one thread: 20). Workqueue is
 #: not safe to launch from two Python threads at once: the simulator calls the kernel from one.
-LAYER = config.THREADING_LAYER = os.environ.get("NUMBA_THREADING_LAYER") or "workqueue"
+LAYER = config.THREADING_LAYER = layer()
 
 #: the smallest batch (interactions) run in parallel: starting workqueue's threads costs
 #: ~30-40 us, what 2 threads save on ~16 interactions of MQ2007 size (4-5 us each)

@@ -11,7 +11,7 @@ import os
 
 from foltr_async.errors import FoltrError
 
-__all__ = ["ENV", "cores", "set_threads", "threads"]
+__all__ = ["ENV", "cores", "facts", "layer", "set_threads", "threads"]
 
 #: environment variable with the default thread count (the CLI's ``--threads`` overrides it)
 ENV = "FOLTR_ASYNC_THREADS"
@@ -37,10 +37,13 @@ def _parse(value: str, where: str) -> int:
     return n
 
 
-def set_threads(n: int | str | None) -> None:
-    """Use ``n`` threads from now on (None: back to ``FOLTR_ASYNC_THREADS`` or the cores)."""
+def set_threads(n: int | str | None, *, children: bool = False) -> None:
+    """Use ``n`` threads from now on (None: back to ``FOLTR_ASYNC_THREADS`` or the cores);
+    ``children``: also for processes started from now on (through ``FOLTR_ASYNC_THREADS``)."""
     global _chosen
     _chosen = None if n is None else _parse(str(n), "--threads")
+    if children and _chosen is not None:
+        os.environ[ENV] = str(_chosen)
 
 
 def threads() -> int:
@@ -50,3 +53,15 @@ def threads() -> int:
         return _chosen
     env = os.environ.get(ENV)
     return _parse(env, ENV) if env else cores()
+
+
+def layer() -> str:
+    """numba's threading layer for the kernel: ``NUMBA_THREADING_LAYER`` when set, else
+    ``workqueue`` (``pdgd_kernel`` says why)."""
+    return os.environ.get("NUMBA_THREADING_LAYER") or "workqueue"
+
+
+def facts() -> dict:
+    """What results.json records of this: the kernel's threads per process, the cores this
+    process may use and the threading layer."""
+    return {"threads": threads(), "cores": cores(), "threading_layer": layer()}
