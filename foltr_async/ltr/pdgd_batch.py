@@ -274,8 +274,11 @@ def prepare() -> None:
 
     For real-time runs (ZeroMQ workers), whose first round has a wall-clock deadline: numba's
     import and cache load take ~0.5 CPU s. Uses a float32 / int8 set like the loaders make, so
-    the functions loaded are the ones real data calls.
+    the functions loaded are the ones real data calls: the serial kernels, and the parallel
+    ones too when more than one thread is in force.
     """
+    from foltr_async.ltr.pdgd_kernel import PARALLEL_FROM
+
     qptr = np.array([0, 3], dtype=np.int64)
     tiny = QuerySet(
         np.zeros((3, 2), dtype=np.float32),
@@ -284,7 +287,8 @@ def prepare() -> None:
         np.array(["q"]),
     )
     model = CascadeModel("prepare", np.array([0.5, 0.9]), np.array([0.1, 0.5]))
-    job = PDGDJob(np.zeros(2), np.array([0]), 1, np.random.default_rng(0), model, 0.1)
-    train_linear_batch(tiny, [job, job])
-    job.weights = np.zeros(2 * 2 + 2 * 2)
-    train_mlp_batch(tiny, [job, job], 2)
+    for steps in (1, PARALLEL_FROM):  # two jobs: the serial kernels, then the parallel ones
+        job = PDGDJob(np.zeros(2), np.array([0]), steps, np.random.default_rng(0), model, 0.1)
+        train_linear_batch(tiny, [job, job])
+        job.weights = np.zeros(2 * 2 + 2 * 2)
+        train_mlp_batch(tiny, [job, job], 2)
