@@ -2,13 +2,16 @@
 FPDGD's local training, batched.
 
 A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
-each: its own weights, queries, click model and ``numpy.random.Generator``) advance together,
-one interaction step at a time, and everything but scoring runs in compiled code
-(``foltr_async.ltr.pdgd_kernel``): one call draws every job's random numbers, then per step one
-call ranks, clicks, measures and updates every job. One query at a time (the reference,
-the protocols' ``PDGDLearner.train``) an interaction is ~20 small numpy calls;
-here it is one product and a share of two compiled calls, whatever the batch size, so
-staggered arrivals (batches of one or two jobs) are as cheap per query as full rounds.
+each: its own weights, queries, click model and ``numpy.random.Generator``) run in compiled code
+(``foltr_async.ltr.pdgd_kernel``). Linear learners: one call, without the GIL, draws every
+job's random numbers and runs every job's interactions (score, rank, click, measure, update),
+jobs spread over ``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
+then per step numpy scores each job and one call ranks, clicks, measures and updates every job
+(jobs in parallel). One query at a time (the reference, the protocols' ``PDGDLearner.train``)
+an interaction is ~20 small numpy calls; here it is a share of one or two compiled calls,
+whatever the batch size, so staggered arrivals (batches of one or two jobs) are as cheap per
+query as full rounds. Jobs share nothing but read-only data, so results do not depend on the
+number of threads.
 
 Same draws, same result. Every random number a job uses comes from its own generator in exactly
 the sequential path's order: per interaction ``rng.integers(len(queries))``
@@ -19,13 +22,14 @@ same rankings, sees the same clicks, reports the same online nDCG and ends with 
 as the sequential one up to float rounding (summation order only). Ties between
 Gumbel-perturbed scores (probability zero for finite scores) put the lower document first.
 
-Scoring is one ``features[query] @ weights`` per job on the query's contiguous document block:
-the same numpy product as ``LinearRanker.score``, so the scores, and with them the rankings,
-are bit-identical to the reference's. (It is memory bound: a float64 copy of the features reads
-twice the bytes and was no faster; a compiled dot product would sum in another order than BLAS.)
-A one-hidden-layer MLP (``train_mlp_batch``) is scored the same way, ``MLPRanker.score``'s
-numpy products per job, so its rankings are the reference's too; its backward pass runs in the
-kernel and sums in another order than BLAS, so its weights match to float rounding.
+Linear scoring runs in the kernel: float64 sums of the float32 feature rows times the weights
+(no float64 copy of the rows), in another order than the BLAS product of ``LinearRanker.score``,
+so scores differ from the reference's in the last bits (~1e-15 relative), which changes a
+ranking only where two Gumbel-perturbed scores are that close. A one-hidden-layer MLP
+(``train_mlp_batch``) is scored with ``MLPRanker.score``'s numpy products per job (a compiled
+forward pass with numba's scalar ``tanh`` was ~4x slower), so its rankings are the reference's;
+its backward pass runs in the kernel and sums in another order than BLAS, so its weights match
+to float rounding.
 
 Debiasing without the swapped rankings. With ``D(p)`` the sum of ``exp(score)`` over the
 documents not placed before position ``p`` (see ``foltr_async.ltr.pdgd``), swapping the

@@ -1,4 +1,11 @@
-"""Compiled (numba) pieces of batched PDGD: the draws, and one interaction step of many jobs.
+"""Compiled (numba) pieces of batched PDGD: the draws, a whole batch of linear learners, and
+one interaction step of many jobs.
+
+Every entry point runs without the GIL and comes twice, compiled from one inlined body: with
+its loops over jobs run by numba's thread pool (``parallel=True``, ``prange``; the threads of
+``foltr_async.ltr.threads``) and serially, for batches too small to pay for starting the
+threads (``use_threads`` picks). Jobs share only read-only data and each draws from its own
+generator, so the thread count and the schedule never change a result.
 
 Imported only by ``pdgd_batch``'s trainers on their first call, so runs that never train a
 batched FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
