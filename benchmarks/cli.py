@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from foltr_async.benchmarks.report import TARGETS, compare, load_reference, rend
 from foltr_async.benchmarks.rounds import bench_foltr_es, bench_fpdgd
 from foltr_async.benchmarks.transport import bench_bus, bench_zmq, zmq_sender
 from foltr_async.errors import FoltrError
+from foltr_async.ltr.threads import facts as kernel_facts
 
 SUITES = ("fpdgd", "foltr_es", "bus", "startup", "memory", "zmq", "parse", "secagg", "csfltr")
 
@@ -70,12 +71,29 @@ def _meta(quick: bool, scale: float) -> dict:
         "cores": os.cpu_count(),
         "machine": f"{platform.system()} {platform.machine()}",
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+        "kernel": kernel_facts(),
         "load_average": [round(x, 2) for x in os.getloadavg()]
         if hasattr(os, "getloadavg")
         else None,
         "quick": quick,
         "scale": scale,
     }
+
+
+def _thread_counts(value: str | None) -> list[int]:
+    """``--threads`` as a list of counts; sets the largest for this process and the ones the
+    suites start (or checks FOLTR_ASYNC_THREADS when not given)."""
+    from foltr_async.ltr.threads import set_threads, threads
+
+    if value is None:
+        threads()  # a bad FOLTR_ASYNC_THREADS fails here
+        return []
+    counts = []
+    for part in value.split(","):
+        set_threads(part.strip())  # one line naming --threads for anything but a count >= 1
+        counts.append(threads())
+    set_threads(max(counts), children=True)
+    return counts
 
 
 def run_suites(
@@ -85,8 +103,12 @@ def run_suites(
     data: Path | None = None,
     seed: int = 0,
     profile: bool = False,
+    threads: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Run the named suites; a suite that fails is reported as ``{"error": ...}``.
+
+    ``threads``: the PDGD kernel alone is timed at each count (fpdgd suite); the suites run at
+    the thread count in force.
 
     fpdgd, foltr_es and parse use ``data`` when given; start-up and memory always measure the
     embedded dataset (what a user gets without any files).
@@ -96,7 +118,7 @@ def run_suites(
         workdir = Path(tmp)
         src, embedded = resolve_data(data, seed), resolve_data(None, seed)
         runners: dict[str, Callable[[], dict]] = {
-            "fpdgd": lambda: bench_fpdgd(src, sizes, seed, profile),
+            "fpdgd": lambda: bench_fpdgd(src, sizes, seed, profile, threads),
             "foltr_es": lambda: bench_foltr_es(src, sizes, seed, profile),
             "bus": lambda: bench_bus(sizes, seed),
             "startup": lambda: bench_startup(embedded, seed, workdir),
@@ -183,6 +205,13 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 when a measured metric misses its target (default: FAIL is only shown)",
     )
     p.add_argument(
+        "--threads",
+        metavar="N[,N...]",
+        help="threads of the compiled PDGD kernel: the suites run at the largest count, and the "
+        "kernel alone is timed at each (a scaling table; default: FOLTR_ASYNC_THREADS, else "
+        "the cores this process may use)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="also cProfile the timed FPDGD and FOLtR-ES rounds (top functions in the output)",
@@ -202,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and not value > 0:
             print(f"error: --{name} must be > 0", file=sys.stderr)
             return 2
+    try:
+        threads = _thread_counts(args.threads)
+    except FoltrError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     quiet_logs()
     suites = list(dict.fromkeys(args.suite or SUITES))
     sizes = (QUICK if args.quick else FULL).scaled(args.scale)
@@ -213,7 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"{'quick' if args.quick else 'full'} run of {', '.join(suites)}")
         results = {"meta": _meta(args.quick, args.scale)}
         results.update(
-            run_suites(suites, sizes, data=args.data, seed=args.seed, profile=args.profile)
+            run_suites(
+                suites,
+                sizes,
+                data=args.data,
+                seed=args.seed,
+                profile=args.profile,
+                threads=threads,
+            )
         )
         if reference is not None:
             results["reference"] = {

@@ -139,6 +139,24 @@ def render(results: dict) -> None:
             console.print(f"[bold]{suite}[/] failed: {d['error']}", highlight=False)
         elif "on" in d:
             console.print(f"[bold]{suite}[/] on: {_on(d)}", highlight=False)
+    scaling = results.get("pdgd_kernel", {}).get("scaling") or []
+    if len(scaling) > 1:
+        st = Table(title="PDGD kernel alone, a round's batch by threads (--threads)")
+        for col in ("threads", "wall ms", "CPU ms", "queries/s", "per CPU s", "speed-up"):
+            st.add_column(col, justify="right")
+        st.add_column("serial share (Amdahl)", justify="right")
+        for r in scaling:
+            share = r.get("serial_share")
+            st.add_row(
+                str(r["threads"]),
+                f"{r['wall_s'] * 1e3:.2f}",
+                f"{r['cpu_s'] * 1e3:.2f}",
+                _fmt(r["queries_per_s"]),
+                _fmt(r["queries_per_cpu_s"]),
+                f"{r['speedup']:.2f}x",
+                "" if share is None else f"{share:.2f}",
+            )
+        console.print(st)
     rows = results.get("reference", {}).get("rows")
     if rows:
         rt = Table(title=f"next to {results['reference']['name']}")

@@ -8,6 +8,7 @@ import contextlib
 import math
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,11 @@ def _top_functions(profiler, n: int = 20) -> dict[str, list[dict]]:
     return {"functions": rows[:n], "files": by_file[:n]}
 
 
-def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) -> dict[str, dict]:
-    """FPDGD rounds, centralised PDGD interactions and offline evaluation on one dataset."""
+def bench_fpdgd(
+    src: DataSource, sz: Sizes, seed: int, profile: bool = False, threads: Sequence[int] = ()
+) -> dict[str, dict]:
+    """FPDGD rounds, centralised PDGD interactions and offline evaluation on one dataset;
+    the kernel alone also at each of ``threads`` (default: the thread count in force)."""
     from foltr_async.ltr.clicks import cascade
     from foltr_async.ltr.metrics import mean_ndcg
     from foltr_async.ltr.pdgd import pdgd_interaction
@@ -161,7 +165,7 @@ def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) ->
         progress("fpdgd: profiling the same rounds (cProfile)")
         fpdgd["profile"] = _simulate(cfg, sz.fpdgd_window, seed, profile=True)["profile"]
 
-    kernel = _kernel_alone(data.train, sz.fpdgd_clients, seed)
+    kernel = _kernel_alone(data.train, sz.fpdgd_clients, seed, threads)
     kernel["on"] = {"jobs": sz.fpdgd_clients, "dataset": src.describe}
 
     progress(f"pdgd: {sz.pdgd_interactions} centralised interactions")
@@ -206,10 +210,18 @@ def bench_fpdgd(src: DataSource, sz: Sizes, seed: int, profile: bool = False) ->
     return {"fpdgd": fpdgd, "pdgd_kernel": kernel, "pdgd": pdgd, "eval": ev}
 
 
-def _kernel_alone(train, clients: int, seed: int) -> dict:
+def _kernel_alone(train, clients: int, seed: int, threads: Sequence[int] = ()) -> dict:
     """FPDGD's local training alone (``train_linear_batch``), minimum CPU time over repeats:
     a round's batch (every client x 2 queries, each its own partition of the queries) and the
-    one-job batches of staggered arrivals (1 client x 5 queries). Compiled before timing."""
+    one-job batches of staggered arrivals (1 client x 5 queries). Compiled before timing.
+
+    ``scaling``: the round's batch at each of ``threads`` (minimum wall time of 5, with that
+    repeat's CPU time), its speed-up over the first count and, against one thread, the serial
+    share Amdahl's law puts on it (``(n / speed-up - 1) / (n - 1)``; on a busy machine it
+    also holds the threads that did not get a core). The other figures use the thread count
+    in force when called, which this leaves as it found it.
+    """
+    from foltr_async.ltr import threads as kernel_threads
     from foltr_async.ltr.clicks import cascade
     from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch
 
@@ -219,28 +231,53 @@ def _kernel_alone(train, clients: int, seed: int) -> dict:
     start = rng.normal(size=train.n_features) * 0.01
     gens = [np.random.default_rng([seed, j]) for j in range(clients)]
 
-    def cpu_s(n_jobs: int, steps: int, repeats: int) -> float:
-        best = math.inf
+    def timed(n_jobs: int, steps: int, repeats: int) -> tuple[float, float]:
+        """(CPU s, wall s) of the repeat with the least wall time."""
+        best = (math.inf, math.inf)
         for _ in range(repeats):
             jobs = [
                 PDGDJob(start, parts[j % len(parts)], steps, gens[j], model, 0.1)
                 for j in range(n_jobs)
             ]
-            t0 = time.process_time()
+            t0 = (time.process_time(), time.perf_counter())
             train_linear_batch(train, jobs)
-            best = min(best, time.process_time() - t0)
+            spent = (time.process_time() - t0[0], time.perf_counter() - t0[1])
+            best = min(best, spent, key=lambda t: t[1])
         return best
 
-    cpu_s(2, 1, 1)  # numba import and cache load (or compilation) outside the timing
+    in_force = kernel_threads.threads()
+    counts = list(threads) or [in_force]
+    timed(2, 1, 1)  # numba import and cache load (or compilation) outside the timing
+    progress(f"pdgd kernel: {clients} jobs x 2 queries at {counts} threads")
+    scaling = []
+    try:
+        for n in counts:
+            kernel_threads.set_threads(n)
+            timed(clients, 2, 1)  # the parallel kernel's first call
+            cpu, wall = timed(clients, 2, 5)
+            scaling.append({"threads": n, "wall_s": wall, "cpu_s": cpu})
+    finally:
+        kernel_threads.set_threads(in_force)
+    serial = next((r["wall_s"] for r in scaling if r["threads"] == 1), None)
+    for r in scaling:
+        r["queries_per_s"] = 2 * clients / r["wall_s"]
+        r["queries_per_cpu_s"] = 2 * clients / r["cpu_s"]
+        r["speedup"] = scaling[0]["wall_s"] / r["wall_s"]
+        if serial is not None and r["threads"] > 1:
+            n, gain = r["threads"], serial / r["wall_s"]
+            r["serial_share"] = (n / gain - 1) / (n - 1)
     progress(f"pdgd kernel: {clients} jobs x 2 queries, and 1 job x 5 queries alone")
-    batch = cpu_s(clients, 2, 3)
-    alone = sum(cpu_s(1, 5, 1) for _ in range(200)) / 200
+    batch = min(timed(clients, 2, 1)[0] for _ in range(3))
+    alone = sum(timed(1, 5, 1)[0] for _ in range(200)) / 200
     return {
         "us_per_client": batch / clients * 1e6,
         "us_per_query_in_round": batch / (2 * clients) * 1e6,
         "us_per_query_alone": alone / 5 * 1e6,
+        "threads": in_force,
+        "scaling": scaling,
         "note": "CPU time of FPDGD's local training (train_linear_batch) alone: a round's "
-        "batch of every client x 2 queries (minimum of 3) and one job of 5 queries (mean of 200)",
+        "batch of every client x 2 queries (minimum of 3) and one job of 5 queries (mean of 200),"
+        " at the thread count in force; scaling: the round's batch at each --threads count",
     }
 
 

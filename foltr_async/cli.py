@@ -10,6 +10,7 @@ took part (results are kept); 130 interrupted (results written so far are kept).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from datetime import datetime
@@ -156,6 +157,10 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue the interrupted run whose output folder is DIR",
     )
+    _add_threads(
+        p,
+        "the cores this process may use, shared among --jobs processes or --workers workers",
+    )
     return p
 
 
@@ -175,6 +180,28 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
         help="ray: fan the jobs out over a Ray cluster (RAY_ADDRESS, else a local Ray with "
         "--jobs CPUs; pip install 'foltr-async[ray]')",
     )
+
+
+def _add_threads(p: argparse.ArgumentParser, default: str) -> None:
+    """The ``--threads N`` option of the commands that train FPDGD clients."""
+    p.add_argument(
+        "--threads",
+        metavar="N",
+        help="threads of the compiled PDGD kernel per process (default: the "
+        f"FOLTR_ASYNC_THREADS environment variable, else {default}); results do not depend on it",
+    )
+
+
+def _apply_threads(value: str | None, processes: int = 1) -> None:
+    """``--threads`` for this process and the ones it starts; without it, ``processes`` local
+    processes share the cores. A bad value (or FOLTR_ASYNC_THREADS) fails here in one line."""
+    from foltr_async.ltr.threads import ENV, cores, set_threads, threads
+
+    if value is not None:
+        set_threads(value, children=True)
+    elif processes > 1 and not os.environ.get(ENV):
+        set_threads(max(1, cores() // processes), children=True)
+    threads()
 
 
 def _add_set(p: argparse.ArgumentParser, help: str) -> None:
@@ -214,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_run(argv: list[str], serve: bool = False) -> int:
     args = _run_parser(serve).parse_args(argv)
+    if serve:
+        _apply_threads(args.threads)
+    else:
+        _apply_threads(args.threads, (args.workers or 2) if args.transport == "zmq" else args.jobs)
     from foltr_async.experiment import check_scenario, run_scenario
     from foltr_async.observe.console import make_reporter
     from foltr_async.observe.log import configure_logging
@@ -662,7 +693,9 @@ def _cmd_join(argv: list[str]) -> int:
     )
     p.add_argument("--json-logs", action="store_true", help="machine-readable log lines")
     p.add_argument("--exit-with", type=int, default=None, help=argparse.SUPPRESS)
+    _add_threads(p, "the cores this process may use")
     args = p.parse_args(argv)
+    _apply_threads(args.threads)
     from foltr_async.distributed import join, parse_agents
     from foltr_async.observe.log import configure_logging
     from foltr_async.runtime.clock import run as run_loop

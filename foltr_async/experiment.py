@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.ltr import threads
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter, measured_nothing
@@ -547,7 +548,7 @@ def _run_scenario(
             if stop.requested:  # our Ctrl-C cancelled the run: report it as an interruption
                 raise KeyboardInterrupt from None
             raise
-    writer.run_done({})
+    writer.run_done({"environment": threads.facts()})  # the kernel's threads, per process
     final = writer.results
     reporter.run_done(final)
     return final

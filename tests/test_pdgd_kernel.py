@@ -9,7 +9,7 @@ from foltr_async.ltr import pdgd_kernel
 from foltr_async.ltr.clicks import CascadeModel, cascade
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
-from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch
+from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch, train_mlp_batch
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker
 from tests.test_pdgd_batch import make_queryset
@@ -58,6 +58,7 @@ def test_kernel_draws_are_numpys_streams(bit_generator):
             np.array([n for _, _, n, _ in jobs], dtype=np.int64),
             sizes,
             k,
+            False,  # every job its own generator: they draw in parallel
         )
         assert np.isnan(ndcg).all() and ndcg.shape == query.shape
         for j, steps in enumerate(expected):
@@ -183,8 +184,9 @@ def test_uncachable_functions_still_compile():
     assert pdgd_kernel._jit(namespace["twice"])(21) == 42
 
 
-def run_small_elsewhere(**env: str) -> list[float]:
-    """``run_small`` in a fresh interpreter with extra environment variables."""
+def run_small_elsewhere(code: str = "run_small", **env: str) -> list[float]:
+    """``run_small`` (or another function of this module) in a fresh interpreter with extra
+    environment variables."""
     import json
     import subprocess
     import sys
@@ -192,8 +194,8 @@ def run_small_elsewhere(**env: str) -> list[float]:
 
     code = (
         "import json\n"
-        "from tests.test_pdgd_kernel import run_small\n"
-        "print(json.dumps(run_small().tolist()))\n"
+        f"from tests.test_pdgd_kernel import {code}\n"
+        f"print(json.dumps({code}().tolist()))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -207,17 +209,37 @@ def run_small_elsewhere(**env: str) -> list[float]:
 
 
 def test_the_kernel_runs_as_python_under_numba_disable_jit():
-    # NUMBA_DISABLE_JIT (debuggers, coverage) runs the same code uncompiled: same result
-    assert run_small_elsewhere(NUMBA_DISABLE_JIT="1") == run_small().tolist()
+    # NUMBA_DISABLE_JIT (debuggers, coverage) runs the same code uncompiled: the same result
+    # up to rounding (uncompiled, np.exp / np.log1p of a scalar are numpy's own SIMD functions,
+    # which differ from the C library's the compiled code calls in the last bit of ~5% of
+    # arguments)
+    np.testing.assert_allclose(
+        run_small_elsewhere(NUMBA_DISABLE_JIT="1"), run_small(), rtol=1e-9, atol=1e-12
+    )
+
+
+def cache_hits() -> np.ndarray:
+    """``run_small`` and ``run_threads_batch`` (serial and parallel kernels, two threads), then
+    how many of the entry points' compiled versions came from numba's disk cache."""
+    from foltr_async.ltr.threads import set_threads
+
+    set_threads(2)
+    run_small()
+    run_threads_batch()
+    kernels = [pdgd_kernel.train_linear, pdgd_kernel._train_linear_serial, pdgd_kernel.step]
+    return np.array([sum(f.stats.cache_hits.values()) for f in kernels])
 
 
 def test_the_compiled_kernel_is_cached_and_loads_from_the_cache(tmp_path):
-    # the first process compiles into an empty cache, the second loads what it wrote
+    # the first process compiles into an empty cache, the second loads what it wrote, the
+    # parallel kernels (numba's parallel=True) included
     expected = run_small().tolist()
     assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
     cached = sorted(p.name for p in tmp_path.rglob("*.nbi"))
-    assert any("step" in name for name in cached) and any("draw" in name for name in cached)
+    assert any("_train_linear_serial-" in name for name in cached)
     assert run_small_elsewhere(NUMBA_CACHE_DIR=str(tmp_path)) == expected
+    assert run_small_elsewhere("cache_hits", NUMBA_CACHE_DIR=str(tmp_path)) == [0, 1, 0]
+    assert run_small_elsewhere("cache_hits", NUMBA_CACHE_DIR=str(tmp_path)) == [1, 1, 1]
 
 
 def test_pairwise_sum_is_numpys():
@@ -245,7 +267,8 @@ def test_prepare_loads_what_real_data_calls():
     from foltr_async.ltr.pdgd_batch import prepare
 
     prepare()
-    compiled = (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures))
+    kernels = (pdgd_kernel.train_linear, pdgd_kernel.step, pdgd_kernel.draw)
+    compiled = [len(f.signatures) for f in kernels]
     train = make_queryset(3)  # float32 features and int8 labels, as the loaders make
     job = PDGDJob(
         np.zeros(train.n_features),
@@ -256,7 +279,7 @@ def test_prepare_loads_what_real_data_calls():
         0.1,
     )
     train_linear_batch(train, [job])
-    assert (len(pdgd_kernel.step.signatures), len(pdgd_kernel.draw.signatures)) == compiled
+    assert [len(f.signatures) for f in kernels] == compiled
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -289,3 +312,59 @@ def test_per_query_pair_weights_equal_the_reference_for_any_ranker(seed):
         rtol=1e-9,
         atol=1e-9 * np.abs(want).max(initial=0) + 1e-20,
     )
+
+
+def run_threads_batch() -> np.ndarray:
+    """A batch of 64 linear and 16 MLP jobs (many queries each), weights and shown nDCG."""
+    train = make_queryset(5, seed=3)
+    model = cascade("informational", 5)
+    rng = np.random.default_rng(7)
+
+    def jobs(n_params: int, n: int, seed: int) -> list[PDGDJob]:
+        return [
+            PDGDJob(
+                rng.normal(size=n_params) * 0.3,
+                rng.choice(train.n_queries, 20, replace=False),
+                int(rng.integers(1, 6)),
+                np.random.default_rng([seed, j]),
+                model,
+                0.5,
+            )
+            for j in range(n)
+        ]
+
+    linear = train_linear_batch(train, jobs(train.n_features, 64, 1))
+    mlp = train_mlp_batch(train, jobs(train.n_features * 4 + 8, 16, 2), 4)
+    return np.concatenate([r.ravel() for r in (linear.weights, linear.ndcg, mlp.weights, mlp.ndcg)])
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    # every job draws from its own generator and writes only its own rows: 1, 2 or 4 threads
+    # (numba's pool sized for 4 even on a smaller machine) give the same bits
+    got = [
+        run_small_elsewhere(
+            code="run_threads_batch", FOLTR_ASYNC_THREADS=str(n), NUMBA_NUM_THREADS="4"
+        )
+        for n in (1, 2, 4)
+    ]
+    assert all(np.array_equal(got[0], other, equal_nan=True) for other in got[1:])
+    assert np.array_equal(got[0], run_threads_batch(), equal_nan=True)
+
+
+def test_jobs_sharing_a_generator_draw_one_after_the_other():
+    # the same generator in two jobs of one batch: job 0's draws, then job 1's, as two batches
+    train = make_queryset(3)
+    model = cascade("informational", 3)
+    start = np.full(train.n_features, 0.2)
+
+    def pair(rng):
+        return [PDGDJob(start, np.arange(5, 30), 4, rng, model, 0.3) for _ in range(2)]
+
+    rng = np.random.default_rng(4)
+    together = train_linear_batch(train, pair(rng))
+    alone_rng = np.random.default_rng(4)
+    first, second = pair(alone_rng)
+    alone = [train_linear_batch(train, [job]) for job in (first, second)]
+    assert np.array_equal(together.weights, np.concatenate([r.weights for r in alone]))
+    assert np.array_equal(together.queries, np.concatenate([r.queries for r in alone]))
+    assert rng.bit_generator.state == alone_rng.bit_generator.state

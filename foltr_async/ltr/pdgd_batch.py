@@ -2,13 +2,16 @@
 FPDGD's local training, batched.
 
 A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
-each: its own weights, queries, click model and ``numpy.random.Generator``) advance together,
-one interaction step at a time, and everything but scoring runs in compiled code
-(``foltr_async.ltr.pdgd_kernel``): one call draws every job's random numbers, then per step one
-call ranks, clicks, measures and updates every job. One query at a time (the reference,
-the protocols' ``PDGDLearner.train``) an interaction is ~20 small numpy calls;
-here it is one product and a share of two compiled calls, whatever the batch size, so
-staggered arrivals (batches of one or two jobs) are as cheap per query as full rounds.
+each: its own weights, queries, click model and ``numpy.random.Generator``) run in compiled code
+(``foltr_async.ltr.pdgd_kernel``). Linear learners: one call, without the GIL, draws every
+job's random numbers and runs every job's interactions (score, rank, click, measure, update),
+jobs spread over ``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
+then per step numpy scores each job and one call ranks, clicks, measures and updates every job
+(jobs in parallel). One query at a time (the reference, the protocols' ``PDGDLearner.train``)
+an interaction is ~20 small numpy calls; here it is a share of one or two compiled calls,
+whatever the batch size, so staggered arrivals (batches of one or two jobs) are as cheap per
+query as full rounds. Jobs share nothing but read-only data, so results do not depend on the
+number of threads.
 
 Same draws, same result. Every random number a job uses comes from its own generator in exactly
 the sequential path's order: per interaction ``rng.integers(len(queries))``
@@ -19,13 +22,14 @@ same rankings, sees the same clicks, reports the same online nDCG and ends with 
 as the sequential one up to float rounding (summation order only). Ties between
 Gumbel-perturbed scores (probability zero for finite scores) put the lower document first.
 
-Scoring is one ``features[query] @ weights`` per job on the query's contiguous document block:
-the same numpy product as ``LinearRanker.score``, so the scores, and with them the rankings,
-are bit-identical to the reference's. (It is memory bound: a float64 copy of the features reads
-twice the bytes and was no faster; a compiled dot product would sum in another order than BLAS.)
-A one-hidden-layer MLP (``train_mlp_batch``) is scored the same way, ``MLPRanker.score``'s
-numpy products per job, so its rankings are the reference's too; its backward pass runs in the
-kernel and sums in another order than BLAS, so its weights match to float rounding.
+Linear scoring runs in the kernel: float64 sums of the float32 feature rows times the weights
+(no float64 copy of the rows), in another order than the BLAS product of ``LinearRanker.score``,
+so scores differ from the reference's in the last bits (~1e-15 relative), which changes a
+ranking only where two Gumbel-perturbed scores are that close. A one-hidden-layer MLP
+(``train_mlp_batch``) is scored with ``MLPRanker.score``'s numpy products per job (a compiled
+forward pass with numba's scalar ``tanh`` was ~4x slower), so its rankings are the reference's;
+its backward pass runs in the kernel and sums in another order than BLAS, so its weights match
+to float rounding.
 
 Debiasing without the swapped rankings. With ``D(p)`` the sum of ``exp(score)`` over the
 documents not placed before position ``p`` (see ``foltr_async.ltr.pdgd``), swapping the
@@ -49,7 +53,6 @@ import numpy as np
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import linear_scores
 
 __all__ = [
     "BatchResult",
@@ -206,47 +209,50 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
 
     data = _data(train, k)
     params, tables, n_grades = _params(jobs)
-    query, gptr, uptr, gumbel, uniform, shown = pdgd_kernel.draw(
-        pdgd_kernel.generator_pointers([job.rng for job in jobs]),
-        np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False),
-        np.array(owned_ptr, dtype=np.int64),
-        np.array([job.n_steps for job in jobs], dtype=np.int64),
-        data.size_arr,
-        k,
+    ptrs = pdgd_kernel.generator_pointers([job.rng for job in jobs])
+    # jobs sharing a generator draw one after the other, as the sequential path would
+    shared = len(set(ptrs[:, 2].tolist())) < len(jobs)
+    owned = np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False)
+    owned_ptr = np.array(owned_ptr, dtype=np.int64)
+    steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
+    train_linear, draw, step, n_threads = pdgd_kernel.use_threads(len(jobs), int(steps.sum()))
+    features = train.features
+    if not hidden:
+        query, shown = train_linear(
+            ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
+            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
+        )  # fmt: skip
+        return BatchResult(w, query, shown)
+    query, gptr, uptr, gumbel, uniform, shown = draw(
+        ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
     )
-    work = pdgd_kernel.workspace(k, int(data.size_arr.max(initial=0)))
+    max_docs = int(data.size_arr.max(initial=0))
     scores = np.empty_like(gumbel)
-    features, starts, sizes = train.features, data.starts, data.sizes
-    if hidden:  # per job, views into w (which the kernel updates): W (n_feat, hidden), b, v
-        o_b = n_feat * hidden
-        layers = [(wj[:o_b].reshape(n_feat, hidden), wj[o_b:-hidden], wj[-hidden:]) for wj in w]
-        per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
-        acts = np.empty((max(per_step, default=0), hidden))
-    else:  # no activations
-        layers, acts = list(w), np.empty((0, 0))
+    starts, sizes = data.starts, data.sizes
+    # per job, views into w (which the kernel updates): W (n_feat, hidden), b, v
+    o_b = n_feat * hidden
+    layers = [(wj[:o_b].reshape(n_feat, hidden), wj[o_b:-hidden], wj[-hidden:]) for wj in w]
+    per_step = [sum(sizes[q] for q in col if q >= 0) for col in query.T.tolist()]
+    acts = np.empty((max(per_step, default=0), hidden))
     aptr = np.zeros(len(jobs), dtype=np.int64)
     rows = list(enumerate(zip(layers, query.tolist(), gptr.tolist(), strict=True)))
     for s in range(query.shape[1]):
         at = 0
-        for j, (layer, qj, oj) in rows:
+        for j, ((W, b, v), qj, oj) in rows:
             q = qj[s]
             if q < 0:
                 continue
             first, n, o = starts[q], sizes[q], oj[s]
-            if hidden:
-                W, b, v = layer
-                a = acts[at : at + n]
-                x = np.asarray(features[first : first + n], dtype=np.float64)
-                np.tanh(x @ W + b, out=a)
-                np.matmul(a, v, out=scores[o : o + n])
-                aptr[j] = at
-                at += n
-            else:
-                linear_scores(features[first : first + n], layer, scores[o : o + n])
-        pdgd_kernel.step(
+            a = acts[at : at + n]
+            x = np.asarray(features[first : first + n], dtype=np.float64)
+            np.tanh(x @ W + b, out=a)
+            np.matmul(a, v, out=scores[o : o + n])
+            aptr[j] = at
+            at += n
+        step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
             data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
-            aptr, work,
+            aptr, max_docs, n_threads,
         )  # fmt: skip
     return BatchResult(w, query, shown)
 
@@ -272,8 +278,11 @@ def prepare() -> None:
 
     For real-time runs (ZeroMQ workers), whose first round has a wall-clock deadline: numba's
     import and cache load take ~0.5 CPU s. Uses a float32 / int8 set like the loaders make, so
-    the functions loaded are the ones real data calls.
+    the functions loaded are the ones real data calls: the serial kernels, and the parallel
+    ones too when more than one thread is in force.
     """
+    from foltr_async.ltr.pdgd_kernel import PARALLEL_FROM
+
     qptr = np.array([0, 3], dtype=np.int64)
     tiny = QuerySet(
         np.zeros((3, 2), dtype=np.float32),
@@ -282,7 +291,8 @@ def prepare() -> None:
         np.array(["q"]),
     )
     model = CascadeModel("prepare", np.array([0.5, 0.9]), np.array([0.1, 0.5]))
-    job = PDGDJob(np.zeros(2), np.array([0]), 1, np.random.default_rng(0), model, 0.1)
-    train_linear_batch(tiny, [job, job])
-    job.weights = np.zeros(2 * 2 + 2 * 2)
-    train_mlp_batch(tiny, [job, job], 2)
+    for steps in (1, PARALLEL_FROM):  # two jobs: the serial kernels, then the parallel ones
+        job = PDGDJob(np.zeros(2), np.array([0]), steps, np.random.default_rng(0), model, 0.1)
+        train_linear_batch(tiny, [job, job])
+        job.weights = np.zeros(2 * 2 + 2 * 2)
+        train_mlp_batch(tiny, [job, job], 2)

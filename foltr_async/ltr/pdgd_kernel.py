@@ -1,4 +1,11 @@
-"""Compiled (numba) pieces of batched PDGD: the draws, and one interaction step of many jobs.
+"""Compiled (numba) pieces of batched PDGD: the draws, a whole batch of linear learners, and
+one interaction step of many jobs.
+
+Every entry point runs without the GIL and comes twice, compiled from one inlined body: with
+its loops over jobs run by numba's thread pool (``parallel=True``, ``prange``; the threads of
+``foltr_async.ltr.threads``) and serially, for batches too small to pay for starting the
+threads (``use_threads`` picks). Jobs share only read-only data and each draws from its own
+generator, so the thread count and the schedule never change a result.
 
 Imported only by ``pdgd_batch``'s trainers on their first call, so runs that never train a
 batched FPDGD learner pay neither numba's import nor a compilation. Functions are compiled on
@@ -26,22 +33,73 @@ hidden layer), the step and the DP clipping.
 from __future__ import annotations
 
 import ctypes
+import os
 
-import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import config
-from numba.extending import intrinsic
+from foltr_async.ltr.threads import cores, layer, threads
 
-__all__ = ["draw", "generator_pointers", "pair_weights", "step", "workspace"]
+# numba sizes its thread pool once, from NUMBA_NUM_THREADS (default: every CPU of the machine,
+# not this process's affinity); leave room for a --threads above the cores.
+os.environ.setdefault("NUMBA_NUM_THREADS", str(max(cores(), threads())))
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.core import config  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+#: numba's threading layer, by one rule rather than "whichever loads first" (numba's default
+#: tries TBB, then OpenMP): ``workqueue``, which ships with numba, so every machine runs the
+#: same layer; a ``NUMBA_THREADING_LAYER`` set by the user wins. Results do not depend on it.
+#: Measured on a shared 2-core machine (load ~10): GNU OpenMP's spinning threads made a batch
+#: of 10 jobs take 40 ms instead of 0.2 ms, and with ``OMP_WAIT_POLICY=PASSIVE`` a round of
+#: 1000 jobs took 28 ms with two threads against workqueue's 16 (one thread: 20). Workqueue is
+#: not safe to launch from two Python threads at once: the simulator calls the kernel from one.
+LAYER = config.THREADING_LAYER = layer()
+
+#: the smallest batch (interactions) run in parallel: starting workqueue's threads costs
+#: ~30-40 us, what 2 threads save on ~16 interactions of MQ2007 size (4-5 us each)
+PARALLEL_FROM = 16
+
+__all__ = [
+    "LAYER",
+    "PARALLEL_FROM",
+    "draw",
+    "generator_pointers",
+    "pair_weights",
+    "step",
+    "train_linear",
+    "use_threads",
+    "workspace",
+]
 
 
-def _jit(fn):
-    """``njit(cache=True)``, or without the disk cache where numba finds no writable place."""
+def _jit(fn=None, **options):
+    """``njit(cache=True, nogil=True)``, or without the disk cache where numba finds no
+    writable place (also as ``@_jit(**options)``)."""
+    if fn is None:
+        return lambda f: _jit(f, **options)
     try:
-        return njit(cache=True, error_model="numpy")(fn)
+        return njit(cache=True, nogil=True, error_model="numpy", **options)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
-        return njit(error_model="numpy")(fn)
+        return njit(nogil=True, error_model="numpy", **options)(fn)
+
+
+def _parallel(fn):
+    """``_jit`` with ``prange`` loops over jobs run by numba's thread pool."""
+    return _jit(fn, parallel=True)
+
+
+def use_threads(n_jobs: int, interactions: int) -> tuple:
+    """The kernels for a batch of ``n_jobs`` and their thread count: ``(train_linear, draw,
+    step, n)`` run by ``n = threads()`` threads (at most numba's pool), or their serial twins
+    (same code and results, no threads to start) and 1 for one job, one thread or fewer than
+    ``PARALLEL_FROM`` interactions."""
+    n = min(threads(), config.NUMBA_NUM_THREADS)
+    if n > 1 and n_jobs > 1 and interactions >= PARALLEL_FROM:
+        numba.set_num_threads(n)
+        return train_linear, draw, step, n
+    return _train_linear_serial, _draw_serial, _step_serial, 1
 
 
 _VOID_P = ir.IntType(8).as_pointer()
@@ -119,19 +177,15 @@ def _bounded(fn32, state, high):
 
 
 @_jit
-def draw(ptrs, owned, owned_ptr, steps, sizes, k):
-    """Every job's draws in the sequential order.
-
-    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
-    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
-    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
-    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
-    ``uniform[uptr[j, s]:]``.
-    """
+def _layout(owned, owned_ptr, steps, sizes, k):
+    """Where each job's draws go: its first Gumbel and uniform slot (``goff``, ``uoff``; room
+    for ``steps[j]`` of its largest owned query, so jobs can draw at once), the longest job's
+    steps and the largest query."""
     n_jobs = steps.size
+    goff = np.zeros(n_jobs + 1, dtype=np.int64)
+    uoff = np.zeros(n_jobs + 1, dtype=np.int64)
     n_steps = 0
-    g_total = 0
-    u_total = 0
+    max_docs = 0
     for j in range(n_jobs):
         biggest = 0
         for i in range(owned_ptr[j], owned_ptr[j + 1]):
@@ -139,36 +193,81 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k):
                 raise IndexError("a job owns a query the training set does not have")
             biggest = max(biggest, sizes[owned[i]])
         n_steps = max(n_steps, steps[j])
-        g_total += steps[j] * biggest
-        u_total += steps[j] * 2 * min(k, biggest)
+        if steps[j] > 0:
+            max_docs = max(max_docs, biggest)
+        goff[j + 1] = goff[j] + steps[j] * biggest
+        uoff[j + 1] = uoff[j] + steps[j] * 2 * min(k, biggest)
+    return goff, uoff, n_steps, max_docs
+
+
+@_jit
+def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gumbel, uniform):
+    """Job ``j``'s draws in the sequential order, from ``gptr[j, 0]`` and ``uptr[j, 0]`` on."""
+    fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
+    first = owned_ptr[j]
+    n_owned = owned_ptr[j + 1] - first
+    go = gptr[j, 0]
+    uo = uptr[j, 0]
+    for s in range(steps[j]):
+        pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
+        q = owned[first + pick]
+        query[j, s] = q
+        n = sizes[q]
+        gptr[j, s] = go
+        for i in range(n):
+            u = 1.0 - _next_double(fn_d, state)
+            while not u < 1.0:
+                u = 1.0 - _next_double(fn_d, state)
+            gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
+        go += n
+        uptr[j, s] = uo
+        for i in range(2 * min(k, n)):
+            uniform[uo + i] = _next_double(fn_d, state)
+        uo += 2 * min(k, n)
+
+
+@_jit(inline="always")
+def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """Every job's draws in the sequential order (``draw``, inlined so its ``prange`` runs in
+    the caller's thread pool).
+
+    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
+    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
+    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
+    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
+    ``uniform[uptr[j, s]:]``. Jobs draw in parallel, each from its own generator, unless
+    ``shared`` (some jobs share a generator): then one after the other, in job order.
+    """
+    goff, uoff, n_steps, _ = _layout(owned, owned_ptr, steps, sizes, k)
+    n_jobs = steps.size
     query = np.full((n_jobs, n_steps), -1, dtype=np.int64)
     gptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
     uptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
-    gumbel = np.empty(g_total)
-    uniform = np.empty(u_total)
-    go = 0
-    uo = 0
     for j in range(n_jobs):
-        fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
-        first = owned_ptr[j]
-        n_owned = owned_ptr[j + 1] - first
-        for s in range(steps[j]):
-            pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
-            q = owned[first + pick]
-            query[j, s] = q
-            n = sizes[q]
-            gptr[j, s] = go
-            for i in range(n):
-                u = 1.0 - _next_double(fn_d, state)
-                while not u < 1.0:
-                    u = 1.0 - _next_double(fn_d, state)
-                gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
-            go += n
-            uptr[j, s] = uo
-            for i in range(2 * min(k, n)):
-                uniform[uo + i] = _next_double(fn_d, state)
-            uo += 2 * min(k, n)
+        if n_steps:
+            gptr[j, 0], uptr[j, 0] = goff[j], uoff[j]
+    gumbel = np.empty(goff[n_jobs])
+    uniform = np.empty(uoff[n_jobs])
+    out = (query, gptr, uptr, gumbel, uniform)
+    if shared:
+        for j in range(n_jobs):
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
+    else:
+        for j in prange(n_jobs):
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
     return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
+
+
+@_parallel
+def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """``_draws``, jobs in parallel (``use_threads`` picks it)."""
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+
+
+@_jit
+def _draw_serial(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+    """``_draws``, one job after the other."""
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
 
 
 @_jit
@@ -326,7 +425,8 @@ def pair_weights(scores, ranking, clicks):
     return out
 
 
-def workspace(k: int, max_docs: int) -> tuple:
+@_jit
+def workspace(k, max_docs):
     """The step's scratch arrays for SERPs of ``k`` and queries of up to ``max_docs``
     documents: Gumbel-top-k values and documents, clicks, shown scores, log D, coefficients,
     pair ratios, and an all-False mask of the shown documents."""
@@ -468,9 +568,105 @@ def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
 
 
 @_jit
-def step(
+def _linear_scores(features, first, n, wj, out, o):
+    """``out[o:o + n]`` = the scores of documents ``first .. first + n - 1``: float64 sums of
+    the float32 (or float64) rows times ``wj``, four partial sums per row (so LLVM can keep
+    them in vector lanes), no upcast copy of the rows."""
+    n_feat = wj.size
+    top = n_feat - n_feat % 4
+    for i in range(n):
+        row = features[first + i]
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        for f in range(0, top, 4):
+            a0 += np.float64(row[f]) * wj[f]
+            a1 += np.float64(row[f + 1]) * wj[f + 1]
+            a2 += np.float64(row[f + 2]) * wj[f + 2]
+            a3 += np.float64(row[f + 3]) * wj[f + 3]
+        acc = (a0 + a1) + (a2 + a3)
+        for f in range(top, n_feat):
+            acc += np.float64(row[f]) * wj[f]
+        out[o + i] = acc
+
+
+@_jit
+def _chunks(n_jobs, n_threads):
+    """Bounds of the job ranges a parallel loop hands out: a few per thread, so uneven jobs
+    balance, each allocating its scratch arrays once (results do not depend on them)."""
+    n = min(n_jobs, 4 * n_threads)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    for c in range(1, n + 1):
+        bounds[c] = c * n_jobs // n
+    return bounds
+
+
+@_jit(inline="always")
+def _train_linear(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, n_threads,
+):  # fmt: skip
+    """A whole batch of linear learners in one call: ``draw``, then every job's interactions
+    (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
+    jobs in parallel. Returns ``draw``'s ``query`` and the shown nDCG@k (``step``'s
+    arguments otherwise, ``n_threads`` the threads in force)."""
+    query, gptr, uptr, gumbel, uniform, ndcg = _draws(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared
+    )
+    max_docs = 0
+    for q in range(sizes.size):
+        max_docs = max(max_docs, sizes[q])
+    scores = np.empty_like(gumbel)
+    bounds = _chunks(steps.size, n_threads)
+    for c in prange(bounds.size - 1):
+        work = workspace(k, max_docs)
+        coef, top_i = work[5], work[1]
+        grad = np.empty(w.shape[1])
+        for j in range(bounds[c], bounds[c + 1]):
+            wj = w[j]
+            for s in range(steps[j]):
+                first = qptr[query[j, s]]
+                n = qptr[query[j, s] + 1] - first
+                _linear_scores(features, first, n, wj, scores, gptr[j, s])
+                m = _interact(
+                    j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
+                    discount, ideal, tables, n_grades, params, ndcg, k, work,
+                )  # fmt: skip
+                if m:
+                    _linear_grad(grad, coef, top_i, m, features, first)
+                    _ascend(w, j, grad, params)
+    return query, ndcg
+
+
+@_parallel
+def train_linear(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, n_threads,
+):  # fmt: skip
+    """``_train_linear``, jobs in parallel (``use_threads`` picks it)."""
+    return _train_linear(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
+        discount, ideal, tables, n_grades, params, w, n_threads,
+    )  # fmt: skip
+
+
+@_jit
+def _train_linear_serial(
+    ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, n_threads,
+):  # fmt: skip
+    """``_train_linear``, one job after the other."""
+    return _train_linear(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
+        discount, ideal, tables, n_grades, params, w, n_threads,
+    )  # fmt: skip
+
+
+@_jit(inline="always")
+def _step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, work,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
 ):  # fmt: skip
     """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
@@ -479,26 +675,53 @@ def step(
     model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
     ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
     document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
-    ``work`` is ``workspace``'s.
+    queries have at most ``max_docs`` documents; ``n_threads`` sizes the job ranges.
     Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
     ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
     query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).
     """
-    grad = np.empty(w.shape[1])
-    dpre = np.empty(acts.shape[1])
-    coef, top_i = work[5], work[1]
-    for j in range(query.shape[0]):
-        if query[j, s] < 0:
-            continue
-        m = _interact(
-            j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount,
-            ideal, tables, n_grades, params, ndcg, k, work,
-        )  # fmt: skip
-        if not m:
-            continue
-        first = qptr[query[j, s]]
-        if acts.shape[1]:
-            _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
-        else:
-            _linear_grad(grad, coef, top_i, m, features, first)
-        _ascend(w, j, grad, params)
+    bounds = _chunks(query.shape[0], n_threads)
+    for c in prange(bounds.size - 1):
+        work = workspace(k, max_docs)
+        coef, top_i = work[5], work[1]
+        grad = np.empty(w.shape[1])
+        dpre = np.empty(acts.shape[1])
+        for j in range(bounds[c], bounds[c + 1]):
+            if query[j, s] < 0:
+                continue
+            m = _interact(
+                j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
+                discount, ideal, tables, n_grades, params, ndcg, k, work,
+            )  # fmt: skip
+            if not m:
+                continue
+            first = qptr[query[j, s]]
+            if acts.shape[1]:
+                _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
+            else:
+                _linear_grad(grad, coef, top_i, m, features, first)
+            _ascend(w, j, grad, params)
+
+
+@_parallel
+def step(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+):  # fmt: skip
+    """``_step``, jobs in parallel (``use_threads`` picks it)."""
+    _step(
+        s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    )  # fmt: skip
+
+
+@_jit
+def _step_serial(
+    s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+):  # fmt: skip
+    """``_step``, one job after the other."""
+    _step(
+        s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
+        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    )  # fmt: skip

@@ -71,8 +71,8 @@ class Ranker(ABC):
 
 
 def linear_scores(features: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``features @ w`` into ``out`` in row chunks: the one linear product every path scores with
-    (``LinearRanker.score`` and batched PDGD), so their rankings agree bit for bit."""
+    """``features @ w`` into ``out`` in row chunks: the linear product of ``LinearRanker.score``
+    (batched PDGD scores in its compiled kernel instead, equal up to float rounding)."""
     for i in range(0, features.shape[0], _CHUNK):
         np.matmul(features[i : i + _CHUNK], w, out=out[i : i + _CHUNK])
     return out
