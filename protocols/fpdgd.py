@@ -124,23 +124,7 @@ def calibrate(stored: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 class FPDGDClient(OnlineClient):
     """An honest FPDGD client: the PDGD learner (clipped after every step under DP), its
-    update privatised before sending, stored for unlearning; attackers change ``make_update``.
-
-    Its model handler runs inline (``Agent.inline_kinds``): no task wake-ups, the update sent
-    from the compute pool's flush. A subclass overriding ``make_update`` or ``local_train`` (an
-    attack that may wait on other clients under ``asyncio.timeout``) handles models in its
-    task instead, unless it lists ``inline_kinds`` itself.
-    """
-
-    inline_kinds = frozenset((MODEL,))
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        owner = next(k for k in cls.__mro__ if "inline_kinds" in vars(k))
-        if any(
-            getattr(cls, m) is not getattr(owner, m, None) for m in ("make_update", "local_train")
-        ):
-            cls.inline_kinds = frozenset()
+    update privatised before sending, stored for unlearning; attackers change ``make_update``."""
 
     def __init__(
         self,

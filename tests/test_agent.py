@@ -57,12 +57,6 @@ class Echo(Agent):
         await self.leave()  # leaving from inside its own handler
 
 
-class InlineEcho(Echo):
-    """The same handlers run inside ``deliver`` while the agent is idle (``inline_kinds``)."""
-
-    inline_kinds = frozenset(("ping", "boom", "quit"))
-
-
 class Server(Agent):
     role = "server"
 
@@ -160,13 +154,12 @@ def test_missing_handler_and_handler_errors_are_counted_not_fatal():
     assert bus.stats.delivered == 4  # three to the client, one pong back
 
 
-@pytest.mark.parametrize("echo", [Echo, InlineEcho])
-def test_leave_is_graceful_crash_is_abrupt_and_both_can_rejoin(echo):
+def test_leave_is_graceful_crash_is_abrupt_and_both_can_rejoin():
     bus = make_bus(latency=1.0)
     log: dict = {}
 
     async def main() -> None:
-        server, a, b = Server(bus), echo("client-0001", bus), echo("client-0002", bus)
+        server, a, b = Server(bus), Echo("client-0001", bus), Echo("client-0002", bus)
         for agent in (server, a, b):
             agent.start()
         await asyncio.sleep(0)  # let on_join run
@@ -198,12 +191,11 @@ def test_leave_is_graceful_crash_is_abrupt_and_both_can_rejoin(echo):
     assert a.state == b.state == "joined"
 
 
-@pytest.mark.parametrize("echo", [Echo, InlineEcho])
-def test_leave_from_inside_a_handler_and_lifecycle_guards(echo):
+def test_leave_from_inside_a_handler_and_lifecycle_guards():
     bus = make_bus()
 
     async def main() -> Echo:
-        client = echo("client-0001", bus)
+        client = Echo("client-0001", bus)
         client.start()
         with pytest.raises(RuntimeError, match="already joined"):
             client.start()
@@ -220,62 +212,6 @@ def test_leave_from_inside_a_handler_and_lifecycle_guards(echo):
 
     client = run(main())
     assert client.seen == [("quit", 1)]
-    # the goodbye to a server that is not there is unknown_dst; the ping sent behind quit is
-    # lost with the inbox, or, when quit ran inline at its delivery, arrives after the leave
-    inline = echo is InlineEcho
-    assert client.counters["not_running"] == (1 if inline else 2)
-    assert bus.stats.dropped["not_running"] == (1 if inline else 2)
-    assert bus.stats.dropped["unknown_dst"] == (2 if inline else 1)
-
-
-class Trainer(Agent):
-    """Awaits the compute pool in an inline handler, as an FPDGD client does."""
-
-    role = "client"
-    inline_kinds = frozenset(("ping",))
-
-    def __init__(self, agent_id: str, bus, pool) -> None:
-        super().__init__(agent_id, bus)
-        self.pool = pool
-        self.log: list[tuple] = []
-
-    @handles("ping")
-    async def on_ping(self, env: Envelope) -> None:
-        i = env.body["i"]
-        self.log.append(("start", i, asyncio.current_task() is self._task))
-        result = await self.pool.submit(i)
-        self.log.append(("end", result, asyncio.get_running_loop().time()))
-        self.send(env.src, "pong", {"i": result}, env.round)
-
-
-def test_an_inline_handler_runs_at_delivery_and_resumes_from_the_pool_flush():
-    from foltr_async.runtime.compute import BatchPool
-
-    bus = make_bus(latency=1.0)
-    pool = BatchPool(lambda jobs: [10 * j for j in jobs], compute_time=0.5)
-
-    async def main():
-        server, a, b = (
-            Server(bus),
-            Trainer("client-0001", bus, pool),
-            Trainer("client-0002", bus, pool),
-        )
-        for agent in (server, a, b):
-            agent.start()
-        await asyncio.sleep(0)
-        for i in (1, 2):
-            server.send(a.id, "ping", {"i": i})  # the second waits until the first is done
-        server.send(b.id, "ping", {"i": 3})
-        server.send(b.id, "ping", {"i": 4})
-        await asyncio.sleep(1.2)  # both inside their first handler, waiting on the pool
-        await b.crash()  # its pending job is discarded, its handler never ends
-        await asyncio.sleep(3)
-        return server, a, b
-
-    server, a, b = run(main())
-    # ran inside the bus's delivery (no task), the second from the task after the first ended
-    assert a.log == [("start", 1, False), ("end", 10, 1.5), ("start", 2, True), ("end", 20, 2.0)]
-    assert b.log == [("start", 3, False)]
-    assert pool.discarded == 1 and pool.jobs == 2
-    assert [(t, k, s) for t, k, s in server.got] == [(2.5, "pong", a.id), (3.0, "pong", a.id)]
-    assert b.counters["not_running"] == 1 and a.counters["handled"] == 2
+    assert client.counters["not_running"] == 2
+    assert bus.stats.dropped["not_running"] == 2
+    assert bus.stats.dropped["unknown_dst"] == 1  # the goodbye to a server that is not there

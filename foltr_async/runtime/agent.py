@@ -3,14 +3,6 @@
 An agent learns about others only through messages. The bus calls ``deliver`` (synchronous,
 never blocks) which queues the envelope; the agent's task takes envelopes one at a time and
 awaits the handler registered for the kind, so one agent's handlers never interleave.
-Handlers of the kinds a class lists in ``inline_kinds`` run inside ``deliver`` instead when
-the agent is idle (its task waits on an empty inbox): the handler's coroutine is stepped there,
-resumed straight from the compute pool's flush when it awaits a pool result and from the
-future's callback when it awaits anything else; the task stays parked and later messages queue
-until the handler returns. That saves the two task wake-ups a round costs a client (its
-inbox, its training result) but moves when the handler's sends happen within a virtual
-instant (at delivery / at the flush, before the instant's other ready callbacks), and the
-handler runs outside any task: it must not need ``asyncio.current_task`` (``asyncio.timeout``).
 Anything that goes wrong with a message (no handler, a handler raising, the agent not
 running) is a counted drop reported to the bus, never a crash of the loop.
 
@@ -35,7 +27,6 @@ import structlog
 
 from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
-from foltr_async.runtime.compute import JobFuture
 
 if TYPE_CHECKING:
     from foltr_async.runtime.bus import Bus
@@ -55,31 +46,19 @@ class Inbox:
     queues, task accounting): the reader waits on one future, set by the next ``put_nowait``.
     """
 
-    __slots__ = ("_items", "_waiter", "held")
+    __slots__ = ("_items", "_waiter")
 
     def __init__(self) -> None:
         self._items: deque[Envelope] = deque()
         self._waiter: asyncio.Future | None = None
-        #: True while a handler runs inline: envelopes queue without waking the reader
-        self.held = False
 
     def empty(self) -> bool:
         return not self._items
 
-    def parked(self) -> bool:
-        """The reader waits on an empty inbox (nothing queued, no handler running in it)."""
-        waiter = self._waiter
-        return waiter is not None and not waiter.done() and not self._items and not self.held
-
     def put_nowait(self, env: Envelope) -> None:
         self._items.append(env)
-        if not self.held:
-            self.wake()
-
-    def wake(self) -> None:
-        """Let a waiting reader take what is queued."""
         waiter = self._waiter
-        if waiter is not None and self._items:
+        if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
@@ -142,12 +121,9 @@ class Agent(Checkpointed):
     remote: ClassVar[bool] = False
     #: The run's machinery, rebuilt with it; the lifecycle ``state`` is checkpointed apart
     #: (it decides how the agent restarts). Every other attribute (a subclass's too) is state.
-    checkpoint_skip = ("bus", "inbox", "_task", "_handlers", "state", "_inline")
+    checkpoint_skip = ("bus", "inbox", "_task", "_handlers", "state")
     #: kind -> method name, resolved once per class (subclass definitions win).
     _handler_names: ClassVar[dict[str, str]] = {}
-    #: kinds whose handler runs inside ``deliver`` when the agent is idle (module docstring):
-    #: only handlers that need no task of their own
-    inline_kinds: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -165,8 +141,6 @@ class Agent(Checkpointed):
         self.rounds_joined = 0
         self.counters: Counter[str] = Counter()
         self._task: asyncio.Task | None = None
-        #: the inline handler under way: its coroutine and the future it waits on
-        self._inline: tuple[Any, asyncio.Future | None] | None = None
         self._handlers: dict[str, tuple[Callable[[Envelope], Any], bool]] = {}
         for kind, name in self._handler_names.items():
             fn = getattr(self, name)
@@ -197,50 +171,7 @@ class Agent(Checkpointed):
             self._drop("not_running", f"{self.id} is {self.state}", env)
             return
         self.counters["received"] += 1
-        if env.kind in self.inline_kinds and self.inbox.parked():
-            self.inbox.held = True
-            self._step(self.dispatch(env))
-        else:
-            self.inbox.put_nowait(env)
-
-    def _step(self, coro: Any) -> None:
-        """Run the inline handler ``coro`` to its next wait (or its end)."""
-        try:
-            fut = coro.send(None)
-        except BaseException:  # returned (StopIteration), or cancelled / closed
-            self._inline = None
-            self.inbox.held = False
-            self.inbox.wake()
-            return
-        self._inline = (coro, fut)
-        if self.state != "joined":  # the handler stopped its own agent: end it here
-            self._close_inline()
-            return
-        fut._asyncio_future_blocking = False  # what a task does with what it awaits
-        if type(fut) is JobFuture:
-            fut.then = partial(self._step, coro)  # the pool resumes it from its flush
-        else:
-            fut.add_done_callback(partial(self._resume, coro))
-
-    def _resume(self, coro: Any, _fut: asyncio.Future) -> None:
-        inline = self._inline
-        if inline is not None and inline[0] is coro:  # not closed meanwhile
-            self._step(coro)
-
-    def _close_inline(self) -> None:
-        """A stopped agent's inline handler: its wait cancelled (a pool job is discarded),
-        the coroutine closed, as a task's cancellation would."""
-        inline, self._inline = self._inline, None
-        if inline is None:
-            return
-        coro, fut = inline
-        if fut is not None:
-            if type(fut) is JobFuture:
-                fut.then = None
-            fut.cancel()
-        if not coro.cr_running:
-            coro.close()
-        self.inbox.held = False
+        self.inbox.put_nowait(env)
 
     async def dispatch(self, env: Envelope) -> None:
         """Run the handler of ``env.kind``; failures are counted drops, never raised."""
@@ -347,7 +278,6 @@ class Agent(Checkpointed):
     async def _stop(self, state: str) -> None:
         self.state = state
         self.bus.unregister(self.id)
-        self._close_inline()
         while not self.inbox.empty():
             self._drop(
                 "not_running", f"{self.id} {state} before handling it", self.inbox.get_nowait()

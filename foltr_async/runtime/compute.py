@@ -1,13 +1,9 @@
 """A compute pool: agents' local computations that take simulated time, run in batches.
 
 An agent awaits ``pool.submit(job)`` and gets its result ``compute_time`` simulated seconds
-later, as if it had computed alone. A handler the agent runs inline (``Agent.inline_kinds``)
-is resumed by the flush itself, in submission order, as each result is set (``JobFuture.then``);
-a task awaiting the result wakes through the loop after the flush, as before.
-
-The pool does not compute at once: it keeps one loop timer for the earliest due time among
-the pending jobs and, when it fires, runs ``batch_fn`` once on *every* pending job (submission
-order), then resolves each job's future at its own due time.
+later, as if it had computed alone. The pool does not compute at once: it keeps one loop timer
+for the earliest due time among the pending jobs and, when it fires, runs ``batch_fn`` once on
+*every* pending job (submission order), then resolves each job's future at its own due time.
 Every pending job was submitted no later than now and is due no earlier than now (the timer is
 for the earliest due), so no result arrives before its due time. With ``compute_time = 0``
 exactly the jobs submitted at the same (virtual) instant share a batch: on a zero-latency network
@@ -29,35 +25,15 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["BatchPool", "JobFuture"]
+__all__ = ["BatchPool"]
 
 J = TypeVar("J")
 R = TypeVar("R")
 
 
-class JobFuture(asyncio.Future):
-    """A job's result. ``then``: called right after the result is set, instead of waking a
-    task through the loop (an agent stepping an inline handler sets it; see ``agent.py``)."""
-
-    then: Callable[[], None] | None = None
-
-
-def _resolve(fut: JobFuture, result: object) -> None:
+def _resolve(fut: asyncio.Future, result: object) -> None:
     if not fut.done():
         fut.set_result(result)
-        then = fut.then
-        if then is not None:
-            fut.then = None
-            then()
-
-
-def _fail(fut: JobFuture, error: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(error)
-        then = fut.then
-        if then is not None:
-            fut.then = None
-            then()
 
 
 class BatchPool(Generic[J, R]):
@@ -100,7 +76,7 @@ class BatchPool(Generic[J, R]):
         if not (duration >= 0.0 and math.isfinite(duration)):
             raise ValueError(f"compute_time must be a finite number >= 0, got {compute_time}")
         loop = asyncio.get_running_loop()
-        fut = JobFuture(loop=loop)
+        fut = loop.create_future()
         due = loop.time() + duration
         self._pending.append((due, job, fut))
         if due < self._flush_at:
@@ -128,7 +104,8 @@ class BatchPool(Generic[J, R]):
                 raise RuntimeError(f"batch_fn gave {len(results)} results for {len(live)} jobs")
         except Exception as e:
             for _, _, fut in live:
-                _fail(fut, e)
+                if not fut.done():
+                    fut.set_exception(e)
             return
         for (due, _, fut), result in zip(live, results, strict=True):
             if due <= now:
