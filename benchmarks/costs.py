@@ -11,8 +11,10 @@ def bench_secagg(sz: Sizes, seed: int) -> dict[str, dict]:
     """Cost of a secure-aggregation round against the number of clients (FPDGD-sized vectors):
     plaintext, the complete graph (SecAgg) and the sparse graph (SecAgg+, degree 16), plus 30 %
     dropout after key sharing; and the largest error of the unmasked mean."""
+    from foltr_async.plugins import load_plugins
     from foltr_async.protocols.secagg import cost
 
+    load_plugins()  # the scheme's and the bench clients' message kinds
     if sz.fpdgd_clients < 100:  # --scale for smoke tests: the same shapes, tiny
         plan = [(6, False, 0, 0.0), (6, True, 0, 0.0), (12, True, 4, 0.0), (12, True, 0, 0.3)]
     else:

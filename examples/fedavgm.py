@@ -14,26 +14,26 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.protocols.api import (
-    REGISTRY,
     Array,
     Int,
+    Kind,
     ModelStrategy,
     OnlineClient,
     OnlineRun,
     ProtocolEntry,
+    Summable,
     handles,
     param,
     parameters,
-    register_kind,
-    summable,
 )
 
 MODEL = "fedavgm.model"
 UPDATE = "fedavgm.update"
-register_kind(MODEL, {"params": Array("float64", ndim=1)})
-register_kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)})
-# the update is averaged by interactions, so it may travel masked (secure aggregation)
-summable("fedavgm", UPDATE, vector="params", weight="n_interactions")
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1)}),
+    Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
+)
 
 
 @parameters
@@ -78,6 +78,15 @@ class FedAvgM(OnlineRun):
     partitions = True  # OnlineClient reads each client's own data, so non-IID splits apply
 
 
-REGISTRY.add(
-    ProtocolEntry("fedavgm", "FedAvg with server momentum over PDGD clients", Params, FedAvgM)
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
+    ProtocolEntry(
+        "fedavgm",
+        "FedAvg with server momentum over PDGD clients",
+        Params,
+        FedAvgM,
+        # the update is averaged by interactions, so it may travel masked (secure aggregation)
+        summable=Summable(UPDATE, vector="params", weight="n_interactions"),
+    ),
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from examples.fedavgm import Client
-from foltr_async.protocols.api import REGISTRY, BehaviourEntry, param, parameters
+from foltr_async.protocols.api import BehaviourEntry, param, parameters
 from foltr_async.protocols.fpdgd import FPDGDClient
 
 
@@ -49,7 +49,8 @@ def build(ctx, proto, group, agent_id, queries, rng) -> SignFlip:
     return CLIENTS[ctx.protocol](agent_id, ctx, queries, rng, Params.of(group).scale)
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
     BehaviourEntry(
         "sign_flip",
         "attacker",
@@ -57,5 +58,5 @@ REGISTRY.add(
         tuple(CLIENTS),
         Params,
         build,
-    )
+    ),
 )

@@ -486,7 +486,7 @@ def _cmd_list(argv: list[str]) -> int:
 
     reg = load_plugins()
     sections = [
-        ("protocols", {n: e.help for n, e in reg.protocols.items()}),
+        ("protocols", {n: e.help + _own_actions(e.build) for n, e in reg.protocols.items()}),
         ("aggregators", {n: e.help for n, e in reg.aggregators.items()}),
         ("behaviours", {n: f"[{e.role}] {e.help}" for n, e in reg.behaviours.items()}),
         ("dataset profiles", {n: profile_summary(n) for n in profile_names()}),
@@ -497,6 +497,11 @@ def _cmd_list(argv: list[str]) -> int:
         for name, text in items.items():
             print(f"  {name:28s} {text}")
     return 0
+
+
+def _own_actions(run: type) -> str:
+    """A protocol's timeline actions beyond the generic ones, for ``list``."""
+    return f" (timeline actions: {', '.join(sorted(run.actions))})" if run.actions else ""
 
 
 def _first_line(path: Path) -> str:

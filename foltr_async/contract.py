@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -34,6 +35,14 @@ from foltr_async.runtime.secure import SecureClient, SecureRun
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
+
+#: The timeline actions of an agent's lifecycle, each with the state it leaves the agent in.
+LIFECYCLE: Mapping[str, str] = MappingProxyType(
+    {"join": "joined", "rejoin": "joined", "leave": "left", "crash": "crashed"}
+)
+#: The timeline actions every protocol takes: the lifecycle and the attack switch
+#: (``Agent.on_attack``); a protocol adds its own (``ProtocolRun.actions``).
+GENERIC_ACTIONS = (*LIFECYCLE, "attack_start", "attack_stop")
 
 #: The offline metrics of a run's global model: nDCG@10 (the FPDGD papers') and expected
 #: MaxRR@10 under the scenario's users (the FOLtR-ES papers').
@@ -160,7 +169,7 @@ class RunContext:
     #: reads these, not ``cfg``): ``federation.protocol``, ``.clients`` (honest ones),
     #: ``.queries_per_client``, ``.rounds``, ``.data``, ``.partition``,
     #: ``.secure_aggregation``; ``evaluation.every``, ``.no_relevant``, ``.max_test_queries``;
-    #: ``ranker.kind``; the ``[[agents]]`` groups; whether the timeline asks for unlearning.
+    #: ``ranker.kind``; the ``[[agents]]`` groups; the actions its timeline names.
     protocol: str = field(init=False, repr=False)
     honest_clients: int = field(init=False, repr=False)
     #: every client of the federation: the honest ones and the attackers
@@ -177,7 +186,7 @@ class RunContext:
     max_test_queries: int | None = field(init=False, repr=False)
     ranker_kind: str = field(init=False, repr=False)
     agent_groups: tuple[dict, ...] = field(init=False, repr=False)
-    unlearning: bool = field(init=False, repr=False)
+    timeline_actions: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -197,7 +206,7 @@ class RunContext:
         self.max_test_queries = ev["max_test_queries"]
         self.ranker_kind = cfg["ranker"]["kind"]
         self.agent_groups = tuple(cfg["agents"])
-        self.unlearning = any(t["action"] == "unlearn" for t in cfg["timeline"])
+        self.timeline_actions = frozenset(t["action"] for t in cfg["timeline"])
 
     @property
     def assumed_malicious(self) -> int:
@@ -235,6 +244,11 @@ class RunContext:
         if obj is None:
             obj = self._shared[name] = make()
         return obj
+
+    def shared_objects(self) -> dict[str, Any]:
+        """Every object ``shared`` made so far, by name (checkpoints; a worker prepares the
+        compute pools among them before real-time rounds)."""
+        return dict(self._shared)
 
     def new_ranker(self):
         r = self.cfg["ranker"]
@@ -372,7 +386,7 @@ class Partition:
 @dataclass(frozen=True)
 class PartitionEntry:
     """How ``[federation.partition]`` is checked (``fields``) and turned into client data
-    (``build(ctx, n_clients, rng) -> Partition``); a module registers one."""
+    (``build(ctx, n_clients, rng) -> Partition``); a module provides one (``PROVIDES``)."""
 
     help: str
     fields: dict[str, Any]
@@ -383,7 +397,8 @@ _PARTITIONER: list[PartitionEntry] = []
 
 
 def register_partitioner(entry: PartitionEntry) -> None:
-    """Install the partitioner ``[federation.partition]`` tables use (one per process)."""
+    """Install the partitioner ``[federation.partition]`` tables use (one per process;
+    ``load_plugins`` calls it)."""
     if _PARTITIONER and _PARTITIONER[0] is not entry:
         raise ValueError("a partitioner is already registered")
     _PARTITIONER[:] = [entry]
@@ -424,9 +439,11 @@ class ProtocolRun(Checkpointed, ABC):
     #: What it learns from when that is not the scenario's feature-vector dataset (CS-F-LTR:
     #: a text corpus); a ``dataset.path`` would then be silently unused, so it is refused.
     own_data: str | None = None
-    #: The timeline actions beyond an agent's lifecycle (join, leave, crash, rejoin) that
-    #: ``act`` carries out; FPDGD adds ``unlearn``. A timeline naming another is refused.
-    actions: frozenset[str] = frozenset({"attack_start", "attack_stop"})
+    #: Its own timeline actions (beyond ``GENERIC_ACTIONS``), which ``act`` carries out, each
+    #: with the lifecycle state it leaves the agent in ("left", "crashed"; None: as it was),
+    #: which a ZeroMQ server records for an agent whose worker is gone. FPDGD:
+    #: ``{"unlearn": "left"}``. A timeline naming an action its protocol lacks is refused.
+    actions: ClassVar[Mapping[str, str | None]] = MappingProxyType({})
     #: True when its clients ask ``RunContext.local_work`` how much to train (so FLGo's
     #: completeness models apply).
     completes: bool = False
@@ -442,14 +459,23 @@ class ProtocolRun(Checkpointed, ABC):
         """Called once the server agent exists (e.g. to keep it: the round being played, a
         sender for the strategy's declared handlers)."""
 
+    @classmethod
+    def takes(cls) -> tuple[str, ...]:
+        """Every timeline action a run of this protocol carries out."""
+        return (*GENERIC_ACTIONS, *sorted(cls.actions))
+
+    @classmethod
+    def state_after(cls, action: str) -> str | None:
+        """The lifecycle state ``action`` leaves an agent in (None: unchanged)."""
+        return LIFECYCLE[action] if action in LIFECYCLE else cls.actions.get(action)
+
     async def act(self, agent: Agent, action: str) -> None:
-        """One of ``actions`` on an agent of this process. ``attack_start`` / ``attack_stop``
-        flip an attacker's switch (its ``on_attack(start)``; an agent without one attacks, or
-        not, all run long and ignores them)."""
-        if action in ("attack_start", "attack_stop"):
-            switch = getattr(agent, "on_attack", None)
-            if switch is not None:
-                switch(action == "attack_start")
+        """A timeline action beyond the lifecycle on an agent of this process: one of
+        ``actions`` (a subclass carries them out), or ``attack_start`` / ``attack_stop``,
+        which go to the agent's ``on_attack(start)`` (``Agent``'s default ignores them)."""
+        if action not in ("attack_start", "attack_stop"):  # a subclass declared but missed it
+            raise NotImplementedError(f"{type(self).__name__}.act: action {action!r}")
+        agent.on_attack(action == "attack_start")
 
     async def finish(self, server: ServerAgent, reports: list[RoundReport]) -> None:
         """After the last round (e.g. unlearning calibration rounds)."""

@@ -507,11 +507,12 @@ class ZmqServer:
     async def act(self, agent: RemoteAgent, action: str, round: int) -> None:
         peer = agent.worker
         if peer is None or peer not in self.workers:  # its worker is gone: the proxy records it
-            if action in ("join", "rejoin"):
+            after = self.sim.proto.state_after(action)
+            if after == "joined":
                 agent.lost = True
-            elif action in ("leave", "crash", "unlearn"):
+            elif after is not None:
                 agent.lost = False
-                agent.state = "left" if action != "crash" else "crashed"
+                agent.state = after
             return
         reply = await self._request(
             peer,
@@ -813,10 +814,9 @@ class AgentHost:
                 agent.state = spec["state"]
         # Compute pools' one-off set-up (compiled kernels) before the server's rounds start:
         # their deadlines are real time here, and round 1 would otherwise pay it.
-        for agent in self.sim.agents.values():
-            pool = getattr(agent, "pool", None)
-            if isinstance(pool, BatchPool):
-                pool.prepare()
+        for obj in self.sim.ctx.shared_objects().values():
+            if isinstance(obj, BatchPool):
+                obj.prepare()
         heap.freeze()  # the agents and their compiled code live until the run ends
         return self.states()
 

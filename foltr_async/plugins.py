@@ -1,8 +1,11 @@
-"""Loading the protocols and the ``FOLTR_ASYNC_PLUGINS`` modules, so their names register.
+"""The one place the registries are filled: the built-in protocol modules and the
+``FOLTR_ASYNC_PLUGINS`` modules, each declaring what it provides in its ``PROVIDES``.
 
+Importing a module changes no registry; ``load_plugins`` imports the modules named below (then
+the plugins) and installs every entry of their ``PROVIDES`` where it belongs (``install``).
 Apart from the registry on purpose: the registry is what protocols import, and this is what
-imports them, so nothing a protocol imports ever imports a protocol back. Entry points call
-it before names are looked up: ``load_scenario`` (so every command and ZeroMQ worker reading a
+imports them, so nothing a protocol imports ever imports a protocol back. Entry points call it
+before names are looked up: ``load_scenario`` (so every command and ZeroMQ worker reading a
 scenario), ``list``, a ``--jobs`` child, the bench suites.
 """
 
@@ -10,19 +13,84 @@ from __future__ import annotations
 
 import importlib
 import os
+from types import ModuleType
+from typing import Any
 
+from foltr_async.contract import PartitionEntry, register_partitioner
 from foltr_async.errors import FoltrError
-from foltr_async.registry import PLUGINS_ENV, REGISTRY, Registry
+from foltr_async.registry import (
+    PLUGINS_ENV,
+    REGISTRY,
+    AggregatorEntry,
+    BehaviourEntry,
+    ProtocolEntry,
+    Registry,
+)
+from foltr_async.runtime import codec, secure
+
+#: The built-in modules, in the order they are installed (each has a ``PROVIDES``).
+BUILTIN = (
+    "foltr_async.protocols.aggregation",
+    "foltr_async.protocols.fpdgd",
+    "foltr_async.protocols.fpdgd_async",
+    "foltr_async.protocols.foltr_es",
+    "foltr_async.protocols.pdgd_central",
+    "foltr_async.protocols.fedips",
+    "foltr_async.protocols.noniid",
+    "foltr_async.protocols.attacks",
+    "foltr_async.protocols.eavesdrop",
+    "foltr_async.protocols.secagg",
+    "foltr_async.protocols.csfltr",
+)
+
+
+def install(entry: Any, source: str) -> None:
+    """Put one provided entry into its registry (again the same entry: nothing changes)."""
+    from foltr_async.protocols.eavesdrop import TapEavesdropper, add_eavesdropper
+
+    if isinstance(entry, ProtocolEntry | BehaviourEntry | AggregatorEntry):
+        REGISTRY.add(entry)
+        if isinstance(entry, ProtocolEntry) and entry.summable is not None:
+            secure.declare_summable(entry.name, entry.summable)
+    elif isinstance(entry, codec.Kind):
+        codec.REGISTRY.add(entry)
+    elif isinstance(entry, secure.Scheme):
+        secure.register_scheme(entry)
+    elif isinstance(entry, PartitionEntry):
+        register_partitioner(entry)
+    elif isinstance(entry, type) and issubclass(entry, TapEavesdropper):
+        add_eavesdropper(entry)
+    else:
+        raise FoltrError(
+            f"{source}: PROVIDES: {entry!r} is none of Kind, ProtocolEntry, BehaviourEntry, "
+            "AggregatorEntry, PartitionEntry, Scheme or a TapEavesdropper class"
+        )
+
+
+def load_module(module: ModuleType, source: str) -> None:
+    """Install everything ``module`` declares in its ``PROVIDES``."""
+    provides = vars(module).get("PROVIDES")
+    if not isinstance(provides, tuple | list):
+        raise FoltrError(
+            f"{source}: module {module.__name__!r} declares nothing: expected a module-level "
+            "PROVIDES tuple of what it adds (docs/EXTENDING.md)"
+        )
+    for entry in provides:
+        try:
+            install(entry, source)
+        except ValueError as e:  # a name or kind that another module already took
+            raise FoltrError(f"{source}: {module.__name__}: {e}") from None
 
 
 def load_plugins() -> Registry:
-    """Import the protocol package and the ``FOLTR_ASYNC_PLUGINS`` modules so they register
-    themselves; return the filled registry."""
-    import foltr_async.protocols  # noqa: F401  (registration happens on import)
-
+    """Import the built-in modules and the ``FOLTR_ASYNC_PLUGINS`` ones and install what they
+    provide; return the filled registry."""
+    for name in BUILTIN:
+        load_module(importlib.import_module(name), name)
     for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
         except ImportError as e:
             raise FoltrError(f"{PLUGINS_ENV}: cannot import {name!r}: {e}") from None
+        load_module(module, PLUGINS_ENV)
     return REGISTRY

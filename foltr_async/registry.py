@@ -1,9 +1,10 @@
-"""Names a scenario can use: protocols, agent behaviours and aggregators register here.
+"""Names a scenario can use: protocols, agent behaviours and aggregators.
 
-The runtime never imports a protocol; ``protocols`` (and any plugin module named in
-``FOLTR_ASYNC_PLUGINS``) registers itself when ``foltr_async.plugins.load_plugins`` imports it
-(the CLI and worker processes call it before reading a scenario), and the runner looks entries
-up by the scenario's names.
+The runtime never imports a protocol. A protocol module (and any plugin module named in
+``FOLTR_ASYNC_PLUGINS``) declares its entries in its ``PROVIDES``, and only
+``foltr_async.plugins.load_plugins`` installs them here (the CLI and worker processes call it
+before reading a scenario): importing a module changes no table. The runner looks entries up by
+the scenario's names; a name missing (nothing loaded yet, say) is a one-line error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from foltr_async.errors import FoltrError
 from foltr_async.names import suggest
+from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import Field
 
 
@@ -25,14 +28,19 @@ class ProtocolEntry:
     #: a ``@parameters`` class: ``[federation.params]`` checked against its ``FIELDS``, and what
     #: ``RunContext.params`` returns
     params: type
-    build: Callable[..., Any]
-    #: bytes of the largest message a run may send, from the variant's config and its data
+    #: its ``contract.ProtocolRun`` subclass: ``build(ctx)`` is one run; its class attributes
+    #: (``actions``, ``partitions``, ``own_data``) are checked against a scenario before any run
+    build: Callable[
+        ..., Any
+    ]  #: bytes of the largest message a run may send, from the variant's config and its data
     #: (``simulation.model_message_bytes`` for model-sized messages); a ZeroMQ server refuses
     #: bigger frames. None: unknown, the codec's 16 MB limit applies.
     wire_bytes: Callable[[dict, Any], int] | None = None
     #: its authors' MLP ranker choices (``activation``, ``init``), used where the scenario's
     #: ``[ranker]`` leaves them unset
     mlp: dict[str, str] = field(default_factory=dict)
+    #: its update as secure aggregation may sum it (None: the server needs each reply)
+    summable: Summable | None = None
 
     @property
     def fields(self) -> dict[str, Field]:
@@ -67,11 +75,22 @@ class AggregatorEntry:
     robust: bool = False
 
 
+class Table(dict):
+    """One kind of entry by name; a missing name is a one-line ``FoltrError`` (``unknown``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def __missing__(self, name: str) -> Any:
+        raise FoltrError(unknown(self.kind, name, self))
+
+
 @dataclass
 class Registry:
-    protocols: dict[str, ProtocolEntry] = field(default_factory=dict)
-    behaviours: dict[str, BehaviourEntry] = field(default_factory=dict)
-    aggregators: dict[str, AggregatorEntry] = field(default_factory=dict)
+    protocols: dict[str, ProtocolEntry] = field(default_factory=lambda: Table("protocol"))
+    behaviours: dict[str, BehaviourEntry] = field(default_factory=lambda: Table("behaviour"))
+    aggregators: dict[str, AggregatorEntry] = field(default_factory=lambda: Table("aggregator"))
 
     def add(self, entry: ProtocolEntry | BehaviourEntry | AggregatorEntry) -> None:
         table = {

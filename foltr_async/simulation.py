@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 
-#: the timeline actions every agent takes; the others are its protocol's (``ProtocolRun.act``)
-LIFECYCLE = ("join", "rejoin", "leave", "crash")
 #: an agent's role, from the run's group it is placed in (a behaviour's group: its entry's role)
 ROLE_OF_GROUP = {"clients": "client", "attackers": "attacker", "eavesdroppers": "eavesdropper"}
 
@@ -286,12 +284,6 @@ class Simulation:
                     "network.flgo: expected no FLGo system model with dataset.format = "
                     "'aol4foltr' (the log decides when and how much each client trains)"
                 )
-            if getattr(ctx.params, "dp", False):
-                raise ScenarioError(
-                    "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
-                    "client with no new query sends an empty update without its noise share, so "
-                    "the round's noise would not sum to the Laplace the accounting states)"
-                )
             ctx.partition = replay_partition(data.logs, cfg["dataset"]["time_scale"], self.probe)
             ctx.partition.by_agent = {client_id(i): c for i, c in enumerate(ctx.partition.clients)}
             queries = [c.queries for c in ctx.partition.clients]
@@ -344,11 +336,6 @@ class Simulation:
                 )
         for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
             self._resolve(item["agents"], f"timeline[{i}].agents")
-            if item["action"] not in LIFECYCLE and item["action"] not in proto.actions:
-                raise ScenarioError(
-                    f"timeline[{i}].action: protocol {fed['protocol']!r} does not support "
-                    f"{item['action']!r} (its actions: {', '.join(sorted(proto.actions))})"
-                )
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:
@@ -411,7 +398,7 @@ class Simulation:
             await agent.leave()
         elif action == "crash":
             await agent.crash()
-        else:  # the protocol's own (checked against proto.actions when the run was built)
+        else:  # the attack switch or the protocol's own (the scenario was checked against them)
             await self.proto.act(agent, action)
 
     async def run(self) -> dict:
@@ -694,7 +681,7 @@ class Simulation:
         if self.secure is not None:
             named["secure"] = self.secure
             named["secure.server"] = self.secure.server
-        named.update({f"shared:{k}": v for k, v in ctx._shared.items()})
+        named.update({f"shared:{k}": v for k, v in ctx.shared_objects().items()})
         named.update({f"agent:{aid}": a for aid, a in self.agents.items()})
         return {k: v for k, v in named.items() if v is not None}
 

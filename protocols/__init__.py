@@ -1,22 +1,9 @@
-"""Protocols of federated online learning to rank; importing this package registers them all.
+"""Protocols of federated online learning to rank.
 
-Each module defines its messages (registered with the codec), its client and server roles, and
-registers its scenario names in ``foltr_async.registry.REGISTRY``.
+Each module declares what it provides (message kinds, a ``ProtocolEntry``, behaviours, ...) in
+its ``PROVIDES``; importing it (or this package) installs nothing. ``foltr_async.plugins``
+lists the modules and installs their entries (``load_plugins``).
 """
 
 if __name__ != "foltr_async.protocols":  # e.g. `import protocols` from the checkout's root
     raise ImportError(f"import foltr_async.protocols, not {__name__}: a second name runs it twice")
-
-from foltr_async.protocols import (  # noqa: F401  (registration on import)
-    aggregation,
-    attacks,
-    csfltr,
-    eavesdrop,
-    fedips,
-    foltr_es,
-    fpdgd,
-    fpdgd_async,
-    noniid,
-    pdgd_central,
-    secagg,
-)

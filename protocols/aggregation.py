@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.registry import REGISTRY, AggregatorEntry
+from foltr_async.registry import AggregatorEntry
 
 
 def fedavg(updates: np.ndarray, weights: np.ndarray, m: int = 0) -> np.ndarray:
@@ -61,11 +61,15 @@ def median(updates: np.ndarray, weights: np.ndarray, m: int = 0) -> np.ndarray:
     return np.median(updates, axis=0)
 
 
-for _name, _fn, _robust, _help in (
-    ("fedavg", fedavg, False, "FedAvg, weighted by interactions"),
-    ("krum", krum, True, "Krum: the single most central update"),
-    ("multi_krum", multi_krum, True, "Multi-Krum: mean of the n - m most central updates"),
-    ("trimmed_mean", trimmed_mean, True, "coordinate-wise trimmed mean, beta = m"),
-    ("median", median, True, "coordinate-wise median"),
-):
-    REGISTRY.add(AggregatorEntry(_name, _help, _fn, _robust))
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    AggregatorEntry("fedavg", "FedAvg, weighted by interactions", fedavg),
+    AggregatorEntry("krum", "Krum: the single most central update", krum, robust=True),
+    AggregatorEntry(
+        "multi_krum", "Multi-Krum: mean of the n - m most central updates", multi_krum, robust=True
+    ),
+    AggregatorEntry(
+        "trimmed_mean", "coordinate-wise trimmed mean, beta = m", trimmed_mean, robust=True
+    ),
+    AggregatorEntry("median", "coordinate-wise median", median, robust=True),
+)

@@ -1,16 +1,19 @@
 """What a protocol or attack author imports: one module, each name with why it is here.
 
-A protocol is a module under ``protocols/`` (or a plugin module, see docs/EXTENDING.md) that,
-on import, registers its message kinds, a ``@parameters`` class and a ``ProtocolEntry``:
+A protocol is a module under ``protocols/`` (or a plugin module, see docs/EXTENDING.md) that
+declares what it provides in a module-level ``PROVIDES`` tuple: its message kinds, a
+``ProtocolEntry`` (with its ``@parameters`` class), agent behaviours. Importing it changes
+nothing; ``foltr_async.plugins.load_plugins`` installs each entry where it belongs:
 
-- ``register_kind(kind, schema)`` with ``Array`` / ``Int`` / ``Float`` / ``Str``: every message
-  kind and its body's wire schema; a body that does not match is dropped on decoding.
+- ``Kind(kind, schema)`` with ``Array`` / ``Int`` / ``Float`` / ``Str``: every message kind and
+  its body's wire schema; a body that does not match is dropped on decoding.
 - ``Agent`` and ``@handles(kind)``: a client is an agent with one handler per message kind;
   ``self.send(dst, kind, body, round)`` is the only way to tell another agent anything.
   ``client_id(i)`` is the one format of client ids. ``self.reply(dst, kind, body, round)``
   sends a client's round update (masked when the scenario turns secure aggregation on; an
-  ``OnlineClient`` is built with its secure half); ``summable(protocol, kind, vector, weight)``
-  declares that a protocol's update may be masked (its server only needs the weighted sum).
+  ``OnlineClient`` is built with its secure half); ``Summable(kind, vector, weight)`` in its
+  ``ProtocolEntry`` declares that the update may be masked (its server only needs the weighted
+  sum).
 - ``Strategy``: the server side of one round (``configure_round`` -> the broadcast body,
   ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
   rest (selection, deadline, late replies, secure aggregation). The server's other messages
@@ -19,7 +22,7 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
   named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``). ``Probe``:
   the simulator's measurements beside the messages (what users were shown, oracle truths).
-  ``ClientData``, ``Partition``, ``PartitionEntry`` and ``register_partitioner``: per-client
+  ``ClientData``, ``Partition`` and ``PartitionEntry`` (provided like the rest): per-client
   data under ``[federation.partition]`` (``assign_queries``: the default query split;
   ``evaluate_views``: nDCG@10 per label view). All of these live in ``foltr_async.contract``,
   never in the orchestrator that plays the run.
@@ -33,8 +36,8 @@ on import, registers its message kinds, a ``@parameters`` class and a ``Protocol
   ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
   scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
   puts one of each together.
-- ``REGISTRY``, ``ProtocolEntry``, ``BehaviourEntry``: where a protocol or agent behaviour
-  registers the name a scenario uses.
+- ``ProtocolEntry``, ``BehaviourEntry``: the name a scenario uses for a protocol or an agent
+  behaviour (an attacker, an eavesdropper), and what it is built from.
 """
 
 from foltr_async.contract import (
@@ -46,15 +49,14 @@ from foltr_async.contract import (
     RunContext,
     assign_queries,
     evaluate_views,
-    register_partitioner,
 )
 from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
 from foltr_async.protocols.users import K, Users
-from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
+from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Str, register_kind
+from foltr_async.runtime.codec import Array, Float, Int, Kind, Str
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import summable
+from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
 __all__ = [
@@ -63,13 +65,13 @@ __all__ = [
     "OnlineClient",
     "OnlineRun",
     "Served",
-    "REGISTRY",
     "Agent",
     "Array",
     "BehaviourEntry",
     "ClientData",
     "Float",
     "Int",
+    "Kind",
     "Partition",
     "PartitionEntry",
     "Probe",
@@ -78,6 +80,7 @@ __all__ = [
     "RunContext",
     "Str",
     "Strategy",
+    "Summable",
     "Users",
     "assign_queries",
     "client_id",
@@ -85,7 +88,4 @@ __all__ = [
     "handles",
     "param",
     "parameters",
-    "register_kind",
-    "register_partitioner",
-    "summable",
 ]

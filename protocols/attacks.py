@@ -36,13 +36,14 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.protocols.aggregation import krum
 from foltr_async.protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
-from foltr_async.registry import REGISTRY, BehaviourEntry
+from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime.agent import client_id
-from foltr_async.runtime.codec import Array, DropMessage, decode, register_kind
+from foltr_async.runtime.codec import Array, DropMessage, Kind, decode
 from foltr_async.scenario.fields import param, parameters
 
 SHARE = "attack.share"
-register_kind(SHARE, {"params": Array("float64", ndim=1)})
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (Kind(SHARE, {"params": Array("float64", ndim=1)}),)
 
 #: Distance scale of the copies the other Fang-Krum colluders send around the crafted model.
 KRUM_COPY_RADIUS = 1e-6
@@ -429,7 +430,9 @@ def _build_fang(ctx, proto, group, aid, queries, rng):
     return _build_colluder(FangClient, ctx, group, aid, queries, rng, target=p.target, b=p.b)
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     BehaviourEntry(
         "data_poison",
         "attacker",
@@ -439,9 +442,7 @@ REGISTRY.add(
         lambda ctx, proto, g, aid, q, rng: DataPoisonClient(
             aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
         ),
-    )
-)
-REGISTRY.add(
+    ),
     BehaviourEntry(
         "scaled_reversal",
         "attacker",
@@ -449,9 +450,7 @@ REGISTRY.add(
         (NAME,),
         ReversalParams,
         _build_reversal,
-    )
-)
-REGISTRY.add(
+    ),
     BehaviourEntry(
         "lie",
         "attacker",
@@ -459,9 +458,7 @@ REGISTRY.add(
         (NAME,),
         CollusionParams,
         lambda ctx, proto, g, aid, q, rng: _build_colluder(LIEClient, ctx, g, aid, q, rng),
-    )
-)
-REGISTRY.add(
+    ),
     BehaviourEntry(
         "fang",
         "attacker",
@@ -469,5 +466,5 @@ REGISTRY.add(
         (NAME,),
         FangParams,
         _build_fang,
-    )
+    ),
 )

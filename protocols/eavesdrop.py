@@ -32,9 +32,10 @@ first estimates the level prior from the observed messages (inverting the random
 p is public) is reported too: the local-DP bound is for a uniform prior, and real MaxRR levels are
 far from uniform (no click is common), so a prior-aware adversary can beat it.
 
-Each eavesdropper class names the protocol whose messages it taps (``protocol``) and so
-registers itself in ``EAVESDROPPERS``; the ``eavesdropper`` behaviour speaks exactly those
-protocols and builds the run's protocol's one.
+Each eavesdropper class names the protocol whose messages it taps (``protocol``); a module lists
+it in its ``PROVIDES`` and ``load_plugins`` installs it in ``EAVESDROPPERS``
+(``add_eavesdropper``); the ``eavesdropper`` behaviour speaks exactly those protocols and builds
+the run's protocol's one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import numpy as np
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.protocols import foltr_es, fpdgd
-from foltr_async.registry import REGISTRY, BehaviourEntry
+from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
@@ -123,8 +124,18 @@ def bayes_guess_rate(confusion: np.ndarray, p: float) -> float:
     return float(confusion[np.arange(n), guess].sum() / total)
 
 
-#: protocol name -> the eavesdropper class that taps its messages (filled by the subclasses)
+#: protocol name -> the eavesdropper class that taps its messages (``add_eavesdropper``)
 EAVESDROPPERS: dict[str, type[TapEavesdropper]] = {}
+
+
+def add_eavesdropper(cls: type[TapEavesdropper]) -> None:
+    """Install ``cls`` as the eavesdropper of its ``protocol`` (``load_plugins`` calls it)."""
+    if cls.protocol is None:
+        raise ValueError(f"{cls.__name__} names no protocol whose messages it taps")
+    old = EAVESDROPPERS.get(cls.protocol)
+    if old is not None and old is not cls:
+        raise ValueError(f"protocol {cls.protocol!r} already has eavesdropper {old.__name__}")
+    EAVESDROPPERS[cls.protocol] = cls
 
 
 class TapEavesdropper(Agent, ABC):
@@ -134,13 +145,8 @@ class TapEavesdropper(Agent, ABC):
 
     #: kind -> "src" | "dst": which end of the tapped link must be a target
     taps: ClassVar[dict[str, str]] = {}
-    #: the protocol whose messages it taps: a subclass naming one registers itself for it
+    #: the protocol whose messages it taps (the class is then its eavesdropper, once installed)
     protocol: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "protocol" in vars(cls):
-            EAVESDROPPERS[cls.protocol] = cls
 
     @classmethod
     def for_group(cls, ctx, agent_id: str, targets: list[str] | None, group: dict, rng):
@@ -372,7 +378,10 @@ def _build(ctx, proto, group, aid, queries, rng):
     return cls.for_group(ctx, aid, targets, group, rng)
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    FPDGDEavesdropper,
+    ESEavesdropper,
     BehaviourEntry(
         "eavesdropper",
         "eavesdropper",
@@ -380,5 +389,5 @@ REGISTRY.add(
         EAVESDROPPERS.keys(),  # a live view: a plugin's eavesdropper adds its protocol
         Params,
         _build,
-    )
+    ),
 )

@@ -53,33 +53,36 @@ from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import Ranker
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
-from foltr_async.runtime.codec import Array, Int, Opt, register_kind
+from foltr_async.runtime.codec import Array, Int, Kind, Opt
 from foltr_async.runtime.engine import Strategy
 from foltr_async.scenario.fields import param, parameters
 
 MODEL = "fedips.model"
 UPDATE = "fedips.update"
-register_kind(
-    MODEL,
-    {
-        "params": Array("float64", ndim=1, finite=True),
-        # propensity = "em": the server's estimates (PBM examination theta_k, relevance w_rel)
-        "propensity": Opt(Array("float64", ndim=1, finite=True)),
-        "relevance": Opt(Array("float64", ndim=1, finite=True)),
-    },
-)
-register_kind(
-    UPDATE,
-    {
-        "delta": Array("float64", ndim=1, finite=True),
-        "n_interactions": Int(min=0),
-        # regression-EM sufficient statistics of the round's log (propensity = "em" only)
-        "em_examined": Opt(Array("float64", ndim=1, finite=True)),
-        "em_shown": Opt(Array("float64", ndim=1, finite=True)),
-        "em_relevance": Opt(Array("float64", ndim=1, finite=True)),
-    },
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(
+        MODEL,
+        {
+            "params": Array("float64", ndim=1, finite=True),
+            # propensity = "em": the server's estimates (PBM examination theta_k, relevance w_rel)
+            "propensity": Opt(Array("float64", ndim=1, finite=True)),
+            "relevance": Opt(Array("float64", ndim=1, finite=True)),
+        },
+    ),
+    Kind(
+        UPDATE,
+        {
+            "delta": Array("float64", ndim=1, finite=True),
+            "n_interactions": Int(min=0),
+            # regression-EM sufficient statistics of the round's log (propensity = "em" only)
+            "em_examined": Opt(Array("float64", ndim=1, finite=True)),
+            "em_shown": Opt(Array("float64", ndim=1, finite=True)),
+            "em_relevance": Opt(Array("float64", ndim=1, finite=True)),
+        },
+    ),
 )
 
 ESTIMATORS = ("ips", "naive", "full_info")
@@ -506,7 +509,9 @@ class FedIPS(ProtocolRun):
         return {"fedips": out}
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         "fedips",
         "FedIPS: IPS-weighted local SGD on position-biased clicks, "
@@ -514,5 +519,5 @@ REGISTRY.add(
         Params,
         FedIPS,
         wire_bytes=model_message_bytes,
-    )
+    ),
 )

@@ -50,9 +50,9 @@ from foltr_async.ltr.serve_batch import serve_linear
 from foltr_async.observe.privacy import account, randomised_response
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.users import K
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Opt, register_kind
+from foltr_async.runtime.codec import Array, Float, Int, Kind, Opt
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.scenario.fields import param, parameters
 
@@ -60,15 +60,18 @@ from foltr_async.scenario.fields import param, parameters
 NAME = "foltr_es"
 MODEL = "foltr_es.model"
 SEED_METRIC = "foltr_es.seed_metric"
-register_kind(MODEL, {"params": Array("float64", ndim=1)})
-register_kind(
-    SEED_METRIC,
-    {
-        "seed": Int(min=0, max=2**63 - 1),
-        "metric": Float(),
-        "antithetic_metric": Opt(Float()),
-        "n_interactions": Int(min=0),
-    },
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1)}),
+    Kind(
+        SEED_METRIC,
+        {
+            "seed": Int(min=0, max=2**63 - 1),
+            "metric": Float(),
+            "antithetic_metric": Opt(Float()),
+            "n_interactions": Int(min=0),
+        },
+    ),
 )
 
 LEVELS = np.array([0.0] + [1.0 / r for r in range(K, 0, -1)])  # the 11 MaxRR@10 values
@@ -422,7 +425,9 @@ class FOLtRES(ProtocolRun):
         )
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         NAME,
         "FOLtR-ES: seeds and privatised metrics, Adam server",
@@ -430,5 +435,5 @@ REGISTRY.add(
         FOLtRES,
         wire_bytes=model_message_bytes,
         mlp={"activation": "relu", "init": "zero"},
-    )
+    ),
 )

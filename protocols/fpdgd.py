@@ -43,32 +43,39 @@ query at a time, instead of B random ones; with none it replies with the model i
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
+from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Int, Opt, Str, register_kind
+from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.secure import summable
+from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
 NAME = "fpdgd"
+#: the timeline action of a client that asks to be forgotten (and leaves)
+UNLEARN_ACTION = "unlearn"
 MODEL = "fpdgd.model"
 UPDATE = "fpdgd.update"
 UNLEARN = "unlearn.request"
 CALIBRATE = "fpdgd.calibrate"
 CALIBRATED = "fpdgd.calibrated"
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
-register_kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))})
-register_kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)})
-register_kind(UNLEARN, {"client": Str(max_len=64)})
-register_kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)})
-register_kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)})
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))}),
+    Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
+    Kind(UNLEARN, {"client": Str(max_len=64)}),
+    Kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)}),
+    Kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
+)
 
 
 @parameters
@@ -126,6 +133,10 @@ class FPDGDClient(OnlineClient):
     """An honest FPDGD client: the PDGD learner (clipped after every step under DP), its
     update privatised before sending, stored for unlearning; attackers change ``make_update``."""
 
+    #: whether it takes part in unlearning (stores its updates, calibrates): its protocol's
+    #: parameters then carry ``store_every`` and ``calibration_steps`` (FPDGD's ``Params``)
+    unlearns = True
+
     def __init__(
         self,
         agent_id: str,
@@ -143,11 +154,11 @@ class FPDGDClient(OnlineClient):
         #: how many clients the round's noise is split over: the server says it with the model
         #: (a server that does not gets the federation's size, the paper's choice)
         self.shares = ctx.n_clients
-        # asynchronous FPDGD's clients neither store nor calibrate
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        self.store_every = getattr(p, "store_every", None) if ctx.unlearning else None
-        self.calibration_steps = getattr(p, "calibration_steps", None)
+        unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
+        self.store_every = p.store_every if unlearns else None
+        self.calibration_steps = p.calibration_steps if unlearns else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         # this device's time per interaction: the protocol's, scaled by the system model
         self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
@@ -231,7 +242,7 @@ class FPDGDStrategy(ModelStrategy):
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
         body = self.configure_round(round)
-        if getattr(self.ctx.params, "dp", False):
+        if self.ctx.params.dp:
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
         return body
@@ -277,10 +288,16 @@ class FPDGD(ProtocolRun):
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
-    actions = ProtocolRun.actions | {"unlearn"}
+    actions = MappingProxyType({UNLEARN_ACTION: "left"})  # the leaver leaves for good
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
     def __init__(self, ctx: RunContext) -> None:
+        if ctx.params.dp and ctx.data.logs is not None:
+            raise ScenarioError(
+                "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
+                "client with no new query sends an empty update without its noise share, so "
+                "the round's noise would not sum to the Laplace the accounting states)"
+            )
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
         self.cost: dict = {}
@@ -291,7 +308,7 @@ class FPDGD(ProtocolRun):
         self.server = server  # a request is stamped with the round being played
 
     async def act(self, agent: Agent, action: str) -> None:
-        if action != "unlearn":
+        if action != UNLEARN_ACTION:
             return await super().act(agent, action)
         agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
         await agent.leave()  # the leaver never participates again
@@ -388,14 +405,17 @@ class FPDGD(ProtocolRun):
         }
 
 
-# FPDGD's update is FedAvg'd by interactions: it may travel masked (secure aggregation).
-summable(NAME, UPDATE, vector="params", weight="n_interactions")
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         NAME,
         "federated PDGD + FedAvg, optional DP and unlearning",
         Params,
         FPDGD,
         wire_bytes=model_message_bytes,
-    )
+        # FPDGD's update is FedAvg'd by interactions: it may travel masked (secure
+        # aggregation)
+        summable=Summable(UPDATE, vector="params", weight="n_interactions"),
+    ),
 )

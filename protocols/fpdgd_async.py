@@ -37,7 +37,7 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.scenario.fields import param, parameters
@@ -154,6 +154,8 @@ class AsyncFPDGDClient(FPDGDClient):
     """An FPDGD client that trains on every model it is handed (no unlearning store); with
     FedAsync's ``rho`` > 0 its local steps are proximal (one query at a time)."""
 
+    unlearns = False  # its protocol has no unlearn action (nor FPDGD's unlearning parameters)
+
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
@@ -223,12 +225,13 @@ class AsyncFPDGD(ProtocolRun):
         return {"async": {"mode": self.strategy.mode}}
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
     ProtocolEntry(
         "fpdgd_async",
         "asynchronous FPDGD: FedAsync (staleness-weighted mixing) or FedBuff (buffer of K)",
         Params,
         AsyncFPDGD,
         wire_bytes=model_message_bytes,
-    )
+    ),
 )

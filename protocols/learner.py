@@ -1,20 +1,21 @@
 """The one PDGD learner: a client's ranker copy, its users, and local PDGD training.
 
 Every PDGD client (FPDGD, asynchronous FPDGD, the non-IID remedies, the tutorial's FedAvgM) trains
-through ``PDGDLearner.learn``, and centralised PDGD's clients show rankings through its ``serve``,
-so the interaction loop (sample a Plackett-Luce ranking, show it, step on the clicks) is written
-once. ``learn`` hands the training to the run's compute pool (``BatchPool``), which trains every
-pending learner in one batched pass (``foltr_async.ltr.pdgd_batch``), whenever the batched path
-computes the same thing: a linear ranker or a one-hidden-layer tanh MLP, cascade users drawing
-queries at random, plain PDGD steps (no proximal term, no shared data). Otherwise it trains one
-query at a time (``train``, also the reference the batched path is tested against). Each learner
-draws from its own generator exactly as ``train`` does, so batching changes what its users see
-only up to float rounding.
+through ``PDGDLearner.learn``, and centralised PDGD's clients show rankings through its ``serve``
+while its server learns from their logs through ``learn_logged``, so the interaction loop (sample a
+Plackett-Luce ranking, show it, step on the clicks) is written once. ``learn`` hands the training to
+the run's compute pool (``BatchPool``), which trains every pending learner in one batched pass
+(``foltr_async.ltr.pdgd_batch``), whenever the batched path computes the same thing: a linear ranker
+or a one-hidden-layer tanh MLP, cascade users drawing queries at random, plain PDGD steps (no
+proximal term, no shared data). Otherwise it trains one query at a time (``train``, also the
+reference the batched path is tested against). Each learner draws from its own generator exactly as
+``train`` does, so batching changes what its users see only up to float rounding.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -148,6 +149,32 @@ class PDGDLearner:
             theta = theta + step
             ranker.set_params(clip_norm(theta, *self.clip) if self.clip else theta)
         return ranker.get_params()
+
+    def learn_logged(
+        self,
+        start: np.ndarray,
+        logged: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
+        every: int = 0,
+        scale: float = 1.0,
+    ) -> tuple[np.ndarray, int]:
+        """PDGD from interactions other users had (centralised PDGD's server learns from its
+        clients' logs): ``logged`` yields each one's candidate features, shown ranking and
+        clicks; their gradients at the current weights are summed and a step of ``lr`` times
+        the sum taken every ``every`` interactions, the remainder's scaled by ``scale`` at the
+        end (``every`` 0: one step on all of them). Returns the new weights and how many
+        interactions there were. No clipping or proximal term: the server has neither."""
+        ranker = self.ranker
+        ranker.set_params(start)
+        pending, seen = np.zeros(ranker.n_params), 0
+        for features, ranking, clicks in logged:
+            pending += pdgd_gradient(ranker, features, ranking, clicks, ranker.score(features))
+            seen += 1
+            if every and seen % every == 0:
+                ranker.set_params(ranker.get_params() + self.lr * pending)
+                pending[:] = 0.0
+        if pending.any():
+            ranker.set_params(ranker.get_params() + self.lr * scale * pending)
+        return ranker.get_params(), seen
 
     def job(self, start: np.ndarray, n: int) -> PDGDJob:
         """``train(start, n)`` as a job for the batched path."""

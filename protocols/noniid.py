@@ -77,7 +77,6 @@ from foltr_async.contract import (
     assign_queries,
     evaluate_views,
     model_message_bytes,
-    register_partitioner,
 )
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import MODEL_NAMES, cascade
@@ -87,13 +86,14 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy
 from foltr_async.protocols.fpdgd import Params as FPDGDParams
 from foltr_async.protocols.users import K, Users
-from foltr_async.registry import REGISTRY, ProtocolEntry
+from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import handles
-from foltr_async.runtime.codec import Array, register_kind
+from foltr_async.runtime.codec import Array, Kind
 from foltr_async.scenario.fields import Field, param, parameters
 
 SHARED = "noniid.shared"
-register_kind(SHARED, {"queries": Array("int64", ndim=1)})
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (Kind(SHARED, {"queries": Array("int64", ndim=1)}),)
 
 PARTITION_FIELDS = {
     "iid": Field(bool, False, "the IID counterpart: every client draws from the mixture"),
@@ -344,15 +344,6 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     return Partition(clients, test_sets, global_data, facts)
 
 
-register_partitioner(
-    PartitionEntry(
-        "non-IID types 1-4 (Wang & Zuccon 2022) and their IID counterparts",
-        PARTITION_FIELDS,
-        build_partition,
-    )
-)
-
-
 # ------------------------------------------------------------------------------ remedies
 
 
@@ -550,7 +541,14 @@ class FPDGDRemedies(FPDGD):
         return out
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
+    PartitionEntry(
+        "non-IID types 1-4 (Wang & Zuccon 2022) and their IID counterparts",
+        PARTITION_FIELDS,
+        build_partition,
+    ),
     ProtocolEntry(
         "fpdgd_remedies",
         "FPDGD with non-IID remedies: FedProx (mu), "
@@ -558,5 +556,5 @@ REGISTRY.add(
         Params,
         FPDGDRemedies,
         wire_bytes=model_message_bytes,
-    )
+    ),
 )

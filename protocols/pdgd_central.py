@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.pdgd import pdgd_gradient
 from foltr_async.protocols.api import (
-    REGISTRY,
     Array,
     K,
+    Kind,
     ModelStrategy,
     OnlineClient,
     OnlineRun,
@@ -25,19 +24,22 @@ from foltr_async.protocols.api import (
     handles,
     param,
     parameters,
-    register_kind,
 )
+from foltr_async.protocols.learner import PDGDLearner
 
 MODEL = "central.model"
 LOG = "central.log"
-register_kind(MODEL, {"params": Array("float64", ndim=1)})
-register_kind(
-    LOG,
-    {
-        "queries": Array("int64", ndim=1),
-        "rankings": Array("int64", ndim=2),  # n x K document offsets, -1 pads short queries
-        "clicks": Array("bool", ndim=2),
-    },
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1)}),
+    Kind(
+        LOG,
+        {
+            "queries": Array("int64", ndim=1),
+            "rankings": Array("int64", ndim=2),  # n x K document offsets, -1 pads short queries
+            "clicks": Array("bool", ndim=2),
+        },
+    ),
 )
 
 
@@ -71,29 +73,34 @@ class LoggingClient(OnlineClient):
 
 
 class CentralStrategy(ModelStrategy):
+    """The server learns with the one PDGD learner, from every reporting client's log."""
+
     broadcast_kind = MODEL
     reply_kind = LOG
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # its users are the clients': it only learns (learn_logged), never shows a ranking
+        self.learner = PDGDLearner(
+            ctx, np.empty(0, np.int64), ctx.rng("server-learner"), "server", lr=ctx.params.lr
+        )
+
     def aggregate(self, round: int, replies: list) -> dict:
-        p, train, ranker = self.ctx.params, self.ctx.data.train, self.ranker
-        ranker.set_params(self.model)
-        pending, seen = np.zeros(ranker.n_params), 0
+        p = self.ctx.params
         scale = 1.0 / len(replies) if p.batch == 0 else 1.0
+        self.model, seen = self.learner.learn_logged(
+            self.model, self._logged(replies), every=p.batch, scale=scale
+        )
+        return {"interactions": seen}
+
+    def _logged(self, replies: list):
+        """Each logged interaction: the query's candidates, the shown ranking, its clicks."""
+        train = self.ctx.data.train
         for reply in replies:
             b = reply.body
             for q, ranking, clicks in zip(b["queries"], b["rankings"], b["clicks"], strict=True):
                 shown = ranking >= 0
-                features = train.features[train.doc_range(int(q))]
-                scores = ranker.score(features)
-                pending += pdgd_gradient(ranker, features, ranking[shown], clicks[shown], scores)
-                seen += 1
-                if p.batch and seen % p.batch == 0:
-                    ranker.set_params(ranker.get_params() + p.lr * pending)
-                    pending[:] = 0.0
-        if pending.any():
-            ranker.set_params(ranker.get_params() + p.lr * scale * pending)
-        self.model = ranker.get_params()
-        return {"interactions": seen}
+                yield train.features[train.doc_range(int(q))], ranking[shown], clicks[shown]
 
 
 class CentralPDGD(OnlineRun):
@@ -104,8 +111,10 @@ class CentralPDGD(OnlineRun):
         return {"privacy": {"dp": False, "raw_clicks_leave_clients": True}}
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *KINDS,
     ProtocolEntry(
         "pdgd_central", "centralised PDGD baseline: clients upload click logs", Params, CentralPDGD
-    )
+    ),
 )

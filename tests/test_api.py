@@ -73,6 +73,10 @@ def test_the_context_reads_the_scenario_once_into_typed_values(mq2008_dir):
     ctx = sim.ctx
     assert (ctx.protocol, ctx.honest_clients, ctx.n_clients) == ("fpdgd", 4, 6)
     assert (ctx.queries_per_client, ctx.rounds, ctx.eval_every) == (3, 5, 2)
-    assert ctx.unlearning and not ctx.secure_aggregation and ctx.ranker_kind == "linear"
+    assert (
+        "unlearn" in ctx.timeline_actions
+        and not ctx.secure_aggregation
+        and ctx.ranker_kind == "linear"
+    )
     assert [g["behaviour"] for g in ctx.agent_groups] == ["scaled_reversal"]
     assert not any(a.remote for a in sim.agents.values())

@@ -57,18 +57,18 @@ BAD_SCENARIOS = [
     ),
     ('ranker = { kind = "mlp", hidden = [64, 0] }', "ranker.hidden[1]: expected an integer >= 1"),
     ('scenario.name = "../elsewhere"', "scenario.name: expected a name for one folder"),
+    (
+        'federation.protocol = "foltr_es"\n'
+        'timeline = [{ round = 2, action = "unlearn", agents = ["client-0001"] }]',
+        "timeline[0].action: 'unlearn' is not an action of protocol 'foltr_es' (its actions: "
+        "join, rejoin, leave, crash, attack_start, attack_stop)",
+    ),
     # what only building the run finds
     (
         'timeline = [{ round = 2, action = "leave", agents = ["client-0099"] }]',
         "timeline[0].agents: unknown agent 'client-0099'",
     ),
     ("federation.clients = 100", "federation.clients: 100 clients cannot each own queries"),
-    (
-        'federation.protocol = "foltr_es"\n'
-        'timeline = [{ round = 2, action = "unlearn", agents = ["client-0001"] }]',
-        "timeline[0].action: protocol 'foltr_es' does not support 'unlearn' (its actions: "
-        "attack_start, attack_stop)",
-    ),
     ('dataset.path = "no/such/fold"', "dataset.path: no/such/fold: dataset file does not exist"),
     (
         'federation = { protocol = "foltr_es", params = { metric = "dcg", p = 0.5 } }',

@@ -21,7 +21,6 @@ import msgpack
 import numpy as np
 import zmq
 
-import foltr_async.protocols.fpdgd  # noqa: F401  (registers the message kinds the fuzz mutates)
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
 from foltr_async.runtime.bus import MemoryBus

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import foltr_async.protocols.fpdgd  # noqa: F401  (registers the message kinds the frames carry)
 from foltr_async.distributed import agent_ids, parse_agents
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import run_scenario

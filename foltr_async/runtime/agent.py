@@ -234,6 +234,11 @@ class Agent(Checkpointed):
     async def on_leave(self) -> None:
         """Hook: runs on a graceful leave while still on the bus (not on a crash)."""
 
+    def on_attack(self, start: bool) -> None:
+        """Hook: the timeline's ``attack_start`` (``start`` True) / ``attack_stop``. An attacker
+        that attacks only between them switches here; every other agent, and an attacker that
+        attacks all run long, ignores them (this default)."""
+
     def start(self) -> asyncio.Task:
         """Register on the bus, become ``joined`` and spawn the inbox loop."""
         if self.state == "joined":

@@ -38,6 +38,7 @@ __all__ = [
     "Bytes",
     "DropMessage",
     "Envelope",
+    "Kind",
     "Float",
     "Int",
     "ListOf",
@@ -500,8 +501,18 @@ class _Schema:
     max_bytes: int | None
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A message kind and its body schema, as a protocol module declares it (in its
+    ``PROVIDES``); ``foltr_async.plugins.load_plugins`` installs it in ``REGISTRY``."""
+
+    name: str
+    fields: Mapping[str, Spec]
+    max_bytes: int | None = None
+
+
 class SchemaRegistry:
-    """Message kinds and their body schemas; protocols register theirs at import time."""
+    """Message kinds and their body schemas (``load_plugins`` installs the protocols' kinds)."""
 
     def __init__(self) -> None:
         self._schemas: dict[str, _Schema] = {}
@@ -518,6 +529,9 @@ class SchemaRegistry:
         if old is not None and old != schema:
             raise ValueError(f"message kind {kind!r} is already registered with another schema")
         self._schemas[kind] = schema
+
+    def add(self, kind: Kind) -> None:
+        self.register(kind.name, kind.fields, max_bytes=kind.max_bytes)
 
     def get(self, kind: str) -> _Schema | None:
         return self._schemas.get(kind)
@@ -666,7 +680,9 @@ def _decode(data: bytes, registry: SchemaRegistry, max_bytes: int) -> Envelope:
     )
     schema = registry.get(kind)
     if schema is None:
-        raise DropMessage("unknown_kind", f"kind {kind!r} is not registered", env)
+        raise DropMessage(
+            "unknown_kind", f"kind {kind!r} is not registered (load_plugins installs them)", env
+        )
     if schema.max_bytes is not None and len(data) > schema.max_bytes:
         raise DropMessage("oversized", f"{len(data)} bytes > {schema.max_bytes} for {kind}", env)
     body = obj["body"]

@@ -21,8 +21,9 @@ A round that cannot be completed (too few clients left, too many dropouts to rec
 masks) keeps the old model, like a round with too few replies; the reason is one line in the
 round's facts, in ``events.jsonl`` (``secagg_failed``) and in ``results.json``.
 
-Schemes register themselves (``register_scheme``) so the runtime never imports a protocol; a
-protocol whose reply can be summed declares it with ``summable``.
+The runtime never imports a protocol: ``foltr_async.plugins.load_plugins`` installs the schemes
+a module provides (``register_scheme``) and each protocol's ``Summable`` reply, which its
+``ProtocolEntry`` declares (``declare_summable``).
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ __all__ = [
     "SecureServer",
     "Summable",
     "build",
+    "declare_summable",
     "register_scheme",
     "scheme",
-    "summable",
     "summable_for",
 ]
 
@@ -106,14 +107,13 @@ class Summable:
 _SUMMABLE: dict[str, Summable] = {}
 
 
-def summable(protocol: str, kind: str, vector: str, weight: str | None = None) -> Summable:
-    """Declare that ``protocol``'s ``kind`` replies may travel masked (FedAvg-style servers)."""
-    spec = Summable(kind, vector, weight)
+def declare_summable(protocol: str, spec: Summable) -> None:
+    """Install that ``protocol``'s ``spec.kind`` replies may travel masked (FedAvg-style
+    servers); ``load_plugins`` calls it for each ``ProtocolEntry`` with a ``summable``."""
     old = _SUMMABLE.get(protocol)
     if old is not None and old != spec:
         raise ValueError(f"protocol {protocol!r} already declared {old}")
     _SUMMABLE[protocol] = spec
-    return spec
 
 
 def summable_for(protocol: str) -> Summable | None:

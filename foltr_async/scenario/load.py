@@ -19,8 +19,6 @@ from foltr_async.names import suggest
 from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
-ACTIONS = ("join", "leave", "crash", "rejoin", "attack_start", "attack_stop", "unlearn")
-
 SECTIONS: dict[str, dict[str, Field]] = {
     "scenario": {
         "name": Field(str, "", "short name used for the output folder"),
@@ -153,7 +151,11 @@ TIMELINE_FIELDS = {
         int, None, "round the action happens before; -1 is the last round", nullable=True
     ),
     "time": Field(float, None, "simulated time of the action (seconds)", min=0.0, nullable=True),
-    "action": Field(str, help="what happens", choices=ACTIONS),
+    "action": Field(
+        str,
+        help="what happens: join, leave, crash, rejoin, attack_start, "
+        "attack_stop or an action of the protocol's",
+    ),
     "agents": Field(list, [], "agent ids, or groups: 'attackers', 'clients'"),
 }
 #: the largest scenario file read (a scenario is a few kB; a grid a few more)
@@ -407,7 +409,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             f"{where}: federation.protocol: "
             + unknown("protocol", fed["protocol"], registry.protocols)
         )
-    own = getattr(proto.build, "own_data", None)
+    own = proto.build.own_data
     if cfg["dataset"]["path"] is not None and own is not None:
         raise fail(
             where,
@@ -437,7 +439,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             fed["min_clients"],
         )
     cfg["timeline"] = [
-        _timeline_item(t, i, where, fed["rounds"])
+        _timeline_item(t, i, where, fed["rounds"], proto)
         for i, t in enumerate(_list(raw.get("timeline", []), where, "timeline"))
     ]
     return cfg
@@ -460,7 +462,7 @@ def _partition(fed: dict[str, Any], where: str, proto) -> None:
     the protocol's clients read per-client data."""
     if not fed["partition"]:
         return
-    if not getattr(proto.build, "partitions", False):
+    if not proto.build.partitions:
         raise fail(
             where,
             "federation.partition",
@@ -494,9 +496,16 @@ def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> dic
     return out
 
 
-def _timeline_item(item: Any, i: int, where: str, rounds: int) -> dict[str, Any]:
+def _timeline_item(item: Any, i: int, where: str, rounds: int, proto) -> dict[str, Any]:
     path = f"timeline[{i}]"
     out = check_table(item, TIMELINE_FIELDS, where, path)
+    takes = proto.build.takes()
+    if out["action"] not in takes:
+        raise ScenarioError(
+            f"{where}: {path}.action: {out['action']!r} is not an action of protocol "
+            f"{proto.name!r}{suggest(out['action'], list(takes))} (its actions: "
+            f"{', '.join(takes)})"
+        )
     if (out["round"] is None) == (out["time"] is None):
         raise fail(where, path, "exactly one of 'round' or 'time'")
     if out["round"] is not None:

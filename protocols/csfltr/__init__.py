@@ -83,9 +83,10 @@ candidates, test set), ``primitives`` (ListNet, evaluation, both halves of a rev
 
 from __future__ import annotations
 
+from foltr_async.protocols.csfltr import messages
 from foltr_async.protocols.csfltr.eavesdropper import RelayEavesdropper
 from foltr_async.protocols.csfltr.server import CSFLTR
-from foltr_async.registry import REGISTRY, BehaviourEntry, ProtocolEntry
+from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.scenario.fields import param, parameters
 
 MODES = ("csfltr", "local", "local+", "global")
@@ -154,22 +155,20 @@ def _eavesdropper(ctx, proto, group, aid, queries, rng):
     return RelayEavesdropper(aid, proto, rng)
 
 
-REGISTRY.add(
-    ProtocolEntry(
-        "csfltr",
-        "CS-F-LTR: cross-silo LTR with private sketch queries and RTK-Sketch",
-        Params,
-        CSFLTR,
-    )
-)
-
-
 @parameters
 class EavesdropperParams:
     """The relay eavesdropper has no settings: it guesses from every relayed query."""
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *messages.KINDS,
+    ProtocolEntry(
+        "csfltr",
+        "CS-F-LTR: cross-silo LTR with private sketch queries and RTK-Sketch",
+        Params,
+        CSFLTR,
+    ),
     BehaviourEntry(
         "csfltr_eavesdropper",
         "eavesdropper",
@@ -177,5 +176,5 @@ REGISTRY.add(
         ("csfltr",),
         EavesdropperParams,
         _eavesdropper,
-    )
+    ),
 )

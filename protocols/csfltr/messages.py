@@ -3,7 +3,7 @@ parties' sketch queries and answers (relayed by the server) and the collection s
 
 from __future__ import annotations
 
-from foltr_async.runtime.codec import Array, Bool, Int, Str, register_kind
+from foltr_async.runtime.codec import Array, Bool, Int, Kind, Str
 
 MODEL = "csfltr.model"
 UPDATE = "csfltr.update"
@@ -18,45 +18,48 @@ QUERIES = {RTK_QUERY: RTK_ANSWER, TF_QUERY: TF_ANSWER, NAIVE_QUERY: NAIVE_ANSWER
 
 _REQ = Int(min=0, max=2**62)
 _COLS = {"cols": Array("int32", ndim=2), "signs": Array("int8", ndim=2)}
-register_kind(MODEL, {"params": Array("float64", ndim=1, finite=True), "generate": Bool()})
-register_kind(
-    UPDATE,
-    {
-        "params": Array("float64", ndim=1, finite=True),
-        "n_queries": Int(min=0),
-        "instances": Int(min=0),
-    },
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(MODEL, {"params": Array("float64", ndim=1, finite=True), "generate": Bool()}),
+    Kind(
+        UPDATE,
+        {
+            "params": Array("float64", ndim=1, finite=True),
+            "n_queries": Int(min=0),
+            "instances": Int(min=0),
+        },
+    ),
+    Kind(RTK_QUERY, {"req": _REQ, "owner": Str(max_len=64), **_COLS}),
+    Kind(
+        RTK_ANSWER,
+        {
+            "req": _REQ,
+            "ptr": Array("int64"),
+            "docs": Array("int32"),
+            "counts": Array("float32"),
+            "full": Array("bool"),
+        },
+    ),
+    Kind(TF_QUERY, {"req": _REQ, "owner": Str(max_len=64), "docs": Array("int32"), **_COLS}),
+    Kind(
+        TF_ANSWER,
+        {
+            "req": _REQ,
+            "tf": Array("float32", ndim=4),  # (field, doc, term, row)
+            "length": Array("int32", ndim=2),  # (field, doc)
+            "unique": Array("int32", ndim=2),
+        },
+    ),
+    Kind(
+        STATS,
+        {
+            "owner": Str(max_len=64),
+            "df": Array("float32", ndim=2),  # (field, term)
+            "cf": Array("float32", ndim=2),
+            "n_docs": Int(min=0),
+            "total_len": Array("float64"),  # (field,)
+        },
+    ),
+    Kind(NAIVE_QUERY, {"req": _REQ, "owner": Str(max_len=64), **_COLS}),
+    Kind(NAIVE_ANSWER, {"req": _REQ, "values": Array("float32", ndim=2)}),  # (doc, row)
 )
-register_kind(RTK_QUERY, {"req": _REQ, "owner": Str(max_len=64), **_COLS})
-register_kind(
-    RTK_ANSWER,
-    {
-        "req": _REQ,
-        "ptr": Array("int64"),
-        "docs": Array("int32"),
-        "counts": Array("float32"),
-        "full": Array("bool"),
-    },
-)
-register_kind(TF_QUERY, {"req": _REQ, "owner": Str(max_len=64), "docs": Array("int32"), **_COLS})
-register_kind(
-    TF_ANSWER,
-    {
-        "req": _REQ,
-        "tf": Array("float32", ndim=4),  # (field, doc, term, row)
-        "length": Array("int32", ndim=2),  # (field, doc)
-        "unique": Array("int32", ndim=2),
-    },
-)
-register_kind(
-    STATS,
-    {
-        "owner": Str(max_len=64),
-        "df": Array("float32", ndim=2),  # (field, term)
-        "cf": Array("float32", ndim=2),
-        "n_docs": Int(min=0),
-        "total_len": Array("float64"),  # (field,)
-    },
-)
-register_kind(NAIVE_QUERY, {"req": _REQ, "owner": Str(max_len=64), **_COLS})
-register_kind(NAIVE_ANSWER, {"req": _REQ, "values": Array("float32", ndim=2)})  # (doc, row)

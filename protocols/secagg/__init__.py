@@ -55,12 +55,13 @@ configuration's per-round cost on the real bus with vector clients, for the benc
 from __future__ import annotations
 
 from foltr_async.protocols import eavesdrop, fpdgd
+from foltr_async.protocols.secagg import measurement, messages
 from foltr_async.protocols.secagg.eavesdropper import MaskedEavesdropper
 from foltr_async.protocols.secagg.measurement import cost
 from foltr_async.protocols.secagg.scheme import make_run
 from foltr_async.protocols.secagg.settings import Settings
-from foltr_async.registry import REGISTRY, BehaviourEntry
-from foltr_async.runtime.secure import Scheme, SecureRun, Summable, register_scheme
+from foltr_async.registry import BehaviourEntry
+from foltr_async.runtime.secure import Scheme, SecureRun, Summable
 
 __all__ = ["cost"]
 
@@ -69,22 +70,21 @@ def _build(ctx, spec: Summable, settings: dict) -> SecureRun:
     return make_run(spec, settings, ctx.rng, ctx.emit)
 
 
-register_scheme(
-    Scheme(
-        "secagg",
-        "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree",
-        Settings.FIELDS,
-        _build,
-    )
-)
-
-
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
     targets, candidates = eavesdrop._targets(ctx, group), eavesdrop.Params.of(group).candidates
     return MaskedEavesdropper(aid, ctx, targets, rng, candidates)
 
 
-REGISTRY.add(
+#: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
+PROVIDES = (
+    *messages.KINDS,
+    *measurement.KINDS,  # the bench's vector clients (bench secagg)
+    Scheme(
+        "secagg",
+        "Bonawitz et al. 2017 secure aggregation; SecAgg+ with degree",
+        Settings.FIELDS,
+        _build,
+    ),
     BehaviourEntry(
         "secagg_eavesdropper",
         "eavesdropper",
@@ -93,5 +93,5 @@ REGISTRY.add(
         (fpdgd.NAME,),
         eavesdrop.Params,
         _build_eavesdropper,
-    )
+    ),
 )

@@ -12,14 +12,17 @@ import numpy as np
 from foltr_async.protocols.secagg.client import SecAggClient
 from foltr_async.protocols.secagg.scheme import make_run
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Envelope, Int, register_kind
+from foltr_async.runtime.codec import Array, Envelope, Int, Kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
 from foltr_async.runtime.secure import SecureRun, Summable
 
 BENCH_MODEL = "secagg.bench.model"
 BENCH_UPDATE = "secagg.bench.update"
-register_kind(BENCH_MODEL, {"dim": Int(min=1)})
-register_kind(BENCH_UPDATE, {"vector": Array("float64", ndim=1), "weight": Int(min=0)})
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(BENCH_MODEL, {"dim": Int(min=1)}),
+    Kind(BENCH_UPDATE, {"vector": Array("float64", ndim=1), "weight": Int(min=0)}),
+)
 _BENCH_SPEC = Summable(BENCH_UPDATE, "vector", "weight")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from foltr_async.protocols.secagg.primitives import CHUNKS, KEY_LEN
-from foltr_async.runtime.codec import Array, Bytes, Int, ListOf, Str, register_kind
+from foltr_async.runtime.codec import Array, Bytes, Int, Kind, ListOf, Str
 
 ADVERTISE = "secagg.advertise"
 KEYS = "secagg.keys"
@@ -21,23 +21,26 @@ _MAX_IDS = 1 << 17
 _Ids = ListOf(Str(max_len=256), max_len=_MAX_IDS)
 _Keys = ListOf(Bytes(max_len=KEY_LEN), max_len=_MAX_IDS)
 
-register_kind(ADVERTISE, {})
-register_kind(KEYS, {"c_pk": Bytes(max_len=KEY_LEN), "s_pk": Bytes(max_len=KEY_LEN)})
-register_kind(
-    ROSTER,
-    {
-        "threshold": Int(min=1),
-        "clients": Int(min=1),
-        "neighbours": _Ids,
-        "c_pks": _Keys,
-        "s_pks": _Keys,
-    },
-)
-register_kind(SHARES, {"to": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)})
-register_kind(RELAY, {"senders": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)})
-register_kind(MASKED, {"y": Array("uint64", ndim=1)})
-register_kind(UNMASK, {"survivors": _Ids})
-register_kind(
-    REVEAL,
-    {"b_of": _Ids, "b": Array("uint32", ndim=2), "sk_of": _Ids, "sk": Array("uint32", ndim=2)},
+#: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
+KINDS = (
+    Kind(ADVERTISE, {}),
+    Kind(KEYS, {"c_pk": Bytes(max_len=KEY_LEN), "s_pk": Bytes(max_len=KEY_LEN)}),
+    Kind(
+        ROSTER,
+        {
+            "threshold": Int(min=1),
+            "clients": Int(min=1),
+            "neighbours": _Ids,
+            "c_pks": _Keys,
+            "s_pks": _Keys,
+        },
+    ),
+    Kind(SHARES, {"to": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)}),
+    Kind(RELAY, {"senders": _Ids, "ct": ListOf(Bytes(max_len=CT_LEN), max_len=_MAX_IDS)}),
+    Kind(MASKED, {"y": Array("uint64", ndim=1)}),
+    Kind(UNMASK, {"survivors": _Ids}),
+    Kind(
+        REVEAL,
+        {"b_of": _Ids, "b": Array("uint32", ndim=2), "sk_of": _Ids, "sk": Array("uint32", ndim=2)},
+    ),
 )
