@@ -89,6 +89,23 @@ def test_a_run_freezes_its_heap_while_it_plays_and_thaws_it_after(scenario_file)
     assert gc.get_threshold() == thresholds
 
 
+def test_the_young_threshold_grows_with_the_frozen_heap():
+    """A run with many agents allocates more per round: its young collections are spaced by
+    its frozen heap, not by a fixed count (62,500 clients spent ~1.2 CPU s a round there)."""
+    from foltr_async.runtime import heap
+
+    thresholds = gc.get_threshold()
+    agents = [[i] for i in range(4 * heap.FROZEN_PER_YOUNG * heap.YOUNG_THRESHOLD)]  # tracked
+    heap.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(agents)
+        assert gc.get_threshold()[0] == frozen // heap.FROZEN_PER_YOUNG > heap.YOUNG_THRESHOLD
+    finally:
+        heap.thaw()
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
+
+
 FRAGMENTS = """
 import numpy as np
 from foltr_async.runtime import heap
