@@ -10,6 +10,10 @@ users' own devices:
   ``(1/r)^gamma_user``, ``gamma_user`` drawn once per client from N(gamma, gamma_sd) truncated
   below at 0; an examined document is clicked with probability 1 if its grade is relevant (3-4
   on 5-grade data, 2 on 3-grade data) and ``noise`` (0.1) otherwise;
+- with ``clicks = m`` (the paper's m clicks per user and round) a user instead gives exactly m
+  clicks a round: m draws, with replacement, of a shown (query, rank) slot in proportion to its
+  PBM click probability (the limit of repeating the round's sessions until m clicks have come);
+  a slot clicked n times counts n times in the loss, so IPS stays unbiased within a round;
 - every round a selected client issues B queries (``federation.queries_per_client``), minimises
   the IPS-weighted hinge surrogate ``sum_{clicked d} h(q, d) / p(d)`` with
   ``h(q, d) = sum_{d'} max(0, 1 - (f(d) - f(d')))`` over all the query's documents (the
@@ -108,6 +112,12 @@ class Params:
         0.1, "click probability of an examined non-relevant document", min=0.0, max=1.0
     )
     k: int = param(5, "documents shown per query (top k of the logging policy)", min=1)
+    clicks: int = param(
+        0,
+        "m: clicks a user gives per round, drawn over its queries' shown documents in "
+        "proportion to their PBM click probabilities (0: one PBM draw per shown document)",
+        min=0,
+    )
     lr_local: float = param(0.003, "local SGD step (eta_l)", min=0.0)
     lr_global: float = param(1.0, "server step on the mean update (eta_g)", min=0.0)
     local_epochs: int = param(1, "passes over the round's queries", min=1)
@@ -160,6 +170,17 @@ def pbm_click_probability(
     labels = np.asarray(labels)
     p = exam[: labels.shape[-1]] * np.where(np.isin(labels, relevant), 1.0, noise)
     return np.where(labels >= 0, p, 0.0)
+
+
+def m_clicks(rng: np.random.Generator, prob: np.ndarray, m: int) -> np.ndarray:
+    """Click counts per slot (shape of ``prob``) of exactly ``m`` clicks, each landing on a slot
+    with probability proportional to ``prob``; none if no slot can be clicked."""
+    flat = np.asarray(prob, dtype=np.float64).ravel()
+    total = flat.sum()
+    if total <= 0.0:
+        return np.zeros(np.shape(prob), dtype=np.int64)
+    slots = rng.choice(flat.size, size=m, p=flat / total)
+    return np.bincount(slots, minlength=flat.size).reshape(np.shape(prob))
 
 
 def top_k_table(qs: QuerySet, scores: np.ndarray, k: int) -> np.ndarray:
@@ -352,11 +373,15 @@ class FedIPSClient(Agent):
         self.round = 0
 
     def interact(self) -> tuple[np.ndarray, np.ndarray]:
-        """The round's queries and the users' clicks on f0's top k (one draw each)."""
+        """The round's queries and the users' clicks on f0's top k: one draw per shown slot,
+        or (``clicks = m``) m clicks spread over the slots, as counts per slot."""
         run, rng = self.proto, self.rng
         qs = self.queries[rng.integers(len(self.queries), size=self.batch)]
-        factor = run.logging.click_factor[qs]
-        clicks = rng.random(factor.shape) < examination(self.gamma_user, run.k) * factor
+        prob = examination(self.gamma_user, run.k) * run.logging.click_factor[qs]
+        if run.m_clicks:
+            clicks = m_clicks(rng, prob, run.m_clicks)
+        else:
+            clicks = rng.random(prob.shape) < prob
         probe = run.ctx.probe
         for v in run.logging.shown_ndcg[qs].tolist():
             probe.displayed(v, self.id, self.round)
@@ -389,8 +414,8 @@ class FedIPSClient(Agent):
                     ranks = np.flatnonzero(c)
                     if ranks.size == 0:
                         continue
-                    _, g = hinge_score_gradient(
-                        ranker.score(features), table[q, ranks], prop[ranks]
+                    _, g = hinge_score_gradient(  # a slot clicked n times weighs n / p
+                        ranker.score(features), table[q, ranks], prop[ranks] / c[ranks]
                     )
                     step = -lr * ranker.grad(features, g)
                 ranker.set_params(ranker.get_params() + step)
@@ -416,6 +441,7 @@ class FedIPSClient(Agent):
             q_rows, pos = np.nonzero(table[qs] >= 0)
             docs = train.qptr[qs[q_rows]] + table[qs[q_rows], pos]
             features, w_rel = train.features[docs], env.body["relevance"]
+            # with m clicks a slot clicked n >= 1 times counts as one click in the E-step
             e, n, targets = em_statistics(estimate, w_rel, features, pos, clicks[q_rows, pos])
             p = run.ctx.params
             w = fit_relevance(w_rel, features, targets, p.em_local_steps, p.em_lr)
@@ -477,7 +503,7 @@ class FedIPS(ProtocolRun):
             )
         self.ctx = ctx
         self.estimator, self.propensity = p.estimator, p.propensity
-        self.gamma, self.noise, self.k = p.gamma, p.noise, p.k
+        self.gamma, self.noise, self.k, self.m_clicks = p.gamma, p.noise, p.k, p.clicks
         self.lr_local, self.lr_global = p.lr_local, p.lr_global
         self.local_epochs = p.local_epochs
         self.relevant = np.array(sorted(make_click_model("pbm", ctx.data.n_grades).relevant))

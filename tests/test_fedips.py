@@ -17,6 +17,7 @@ from foltr_async.protocols.fedips import (
     fit_relevance,
     hinge_score_gradient,
     lambda_weights,
+    m_clicks,
     pbm_click_probability,
     top_k_table,
     truncated_normal,
@@ -59,6 +60,42 @@ def test_simulated_pbm_click_rates_match_the_model():
     clicks = rng.random(labels.shape) < p
     rate = clicks.mean(axis=0)
     assert np.all(np.abs(rate - p[0]) <= 4 * np.sqrt(p[0] * (1 - p[0]) / 40000) + 1e-4)
+
+
+def test_m_clicks_gives_exactly_m_clicks_in_proportion_to_the_click_probabilities():
+    rng = np.random.default_rng(4)
+    labels = np.array([[3, 0, 4, 0, 3], [0, 4, -1, -1, -1]])
+    p = pbm_click_probability(labels, examination(1.0, 5), np.array([3, 4]), 0.1)
+    draws = np.stack([m_clicks(rng, p, 10) for _ in range(20000)])
+    assert draws.shape == (20000, 2, 5) and np.all(draws.sum(axis=(1, 2)) == 10)
+    assert not draws[:, 1, 2:].any()  # padding is never clicked
+    share = draws.sum(axis=0) / draws.sum()
+    np.testing.assert_allclose(share, p / p.sum(), atol=0.004)
+    assert not m_clicks(rng, np.zeros((2, 5)), 10).any()
+
+
+def test_m_clicks_keep_ips_unbiased_within_a_round():
+    """Weighting a slot clicked n times by n / p gives, in expectation, m / S times the
+    full-information target (S the round's total click probability): the same target up to a
+    per-round scale, where the naive weights n keep the position bias."""
+    rng = np.random.default_rng(5)
+    n_docs, k, m = 30, 5, 10
+    scores = rng.normal(size=n_docs)
+    shown = np.argsort(-scores)[:k][::-1].copy()
+    labels = np.array([[4, 0, 3, 0, 1]])
+    exam = examination(2.0, k)
+    p = pbm_click_probability(labels, exam, np.array([3, 4]), 0.1)
+    rel = p[0] / exam
+    per_doc = np.array([hinge_score_gradient(scores, shown[[i]], np.ones(1))[0] for i in range(k)])
+    counts = np.stack([m_clicks(rng, p, m)[0] for _ in range(50000)])
+    ips = counts @ (per_doc / exam)
+    target = m / p.sum() * (rel @ per_doc)
+    assert abs(ips.mean() - target) < 4 * ips.std() / np.sqrt(len(ips))
+    naive = counts @ per_doc
+    assert abs(naive.mean() - target) > 20 * naive.std() / np.sqrt(len(naive))
+    # the loss of a count-weighted click set is the count-weighted sum of single clicks
+    loss, _ = hinge_score_gradient(scores, shown[[0, 2]], exam[[0, 2]] / np.array([3, 1]))
+    assert loss == pytest.approx(3 * per_doc[0] / exam[0] + per_doc[2] / exam[2])
 
 
 # ------------------------------------------------------------------------------ IPS
@@ -240,6 +277,19 @@ def test_federated_em_learns_the_position_bias_from_the_flat_start(mq2008_dir):
     truth = examination(1.0, 5)
     assert est[0] == 1.0 and np.all(est[1:] < 0.9) and est[-1] < est[1]
     assert np.abs(est - truth).mean() < 0.3 * np.abs(1.0 - truth).mean()
+
+
+def test_m_clicks_per_user_fix_the_clicks_a_round_and_change_the_run(mq2008_dir):
+    _, sim = simulate(config(mq2008_dir, lr_local=0.01, clicks=10))
+    client = next(a for a in sim.agents.values() if hasattr(a, "gamma_user"))
+    for _ in range(5):
+        qs, clicks = client.interact()
+        assert qs.size == 5 and clicks.shape == (5, 5) and clicks.sum() == 10
+    a, _ = simulate(config(mq2008_dir, lr_local=0.01, clicks=10))
+    b, _ = simulate(config(mq2008_dir, lr_local=0.01))
+    assert a["offline"] != b["offline"]
+    zero = sim.proto.metrics(LinearRanker(46))
+    assert a["offline"]["ndcg@10"][-1] > zero["ndcg@10"] + 0.05
 
 
 def test_fedips_refuses_secure_aggregation(mq2008_dir):

@@ -52,6 +52,24 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
     assert len(mslr) == 3 and all("--set dataset.profile=mslr-like" in line for line in mslr)
 
 
+def test_a_file_planned_in_parts_runs_every_variant_once_through_only():
+    """fedips.toml at the paper's settings is planned in parts: together they are the file."""
+    import tomllib
+
+    from foltr_async.scenario.load import load_scenario
+
+    plan = tomllib.loads((ROOT / "tools" / "reproduce_plan.toml").read_text())["run"]
+    parts = [r for r in plan if r["file"] == "reproduce/fedips.toml"]
+    assert len(parts) > 1 and all(r.get("only") for r in parts)
+    names = [v for r in parts for v in r["only"]]
+    assert len(names) == len(set(names))
+    assert set(names) == set(load_scenario(ROOT / "reproduce" / "fedips.toml").variants)
+    out = tool("--plan", "--out", "nowhere", "--only", "fedips-clients")
+    assert out.returncode == 0, out.stderr
+    assert "--only FedIPS-g1-C100 --only FedIPS-g1-C500" in out.stdout
+    assert "--only FedIPS-g1-C62500" in out.stdout and "--only naive" not in out.stdout
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [
@@ -61,6 +79,7 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
         ('file = "s.toml"\nset = ["rounds"]', 'run 1: set must be a list of "key=value"'),
         ('file = "s.toml"\n[[run]]\nfile = "s.toml"', "run 's' is planned twice"),
         ('name = "a/b"\nfile = "s.toml"', "run 1: name must name one folder"),
+        ('file = "s.toml"\nonly = "plain"', "run 1: only must be a list of variant names"),
     ],
 )
 def test_a_bad_plan_is_one_line_and_exit_2(tmp_path, entry, message):

@@ -38,11 +38,13 @@ class Run:
     name: str
     file: Path
     sets: tuple[str, ...]
+    only: tuple[str, ...] = ()  # a part of the file's variants (merge the parts afterwards)
 
     def command(self, out: Path, jobs: int, extra: list[str]) -> list[str]:
         sets = [a for s in (*self.sets, *extra) for a in ("--set", s)]
+        only = [a for v in self.only for a in ("--only", v)]
         cli = [sys.executable, "-m", "foltr_async", str(self.file), "--jobs", str(jobs)]
-        return [*cli, "--quiet", "--out", str(out), *sets]
+        return [*cli, "--quiet", "--out", str(out), *sets, *only]
 
 
 def fail(message: str) -> NoReturn:
@@ -63,7 +65,7 @@ def load_plan(path: Path) -> list[Run]:
     runs: list[Run] = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: run {i}"
-        unknown = set(entry) - {"name", "file", "clicks", "set"}
+        unknown = set(entry) - {"name", "file", "clicks", "set", "only"}
         if unknown:
             fail(f"{where}: unknown key {sorted(unknown)[0]!r}")
         file = Path(str(entry.get("file", "")))
@@ -76,13 +78,16 @@ def load_plan(path: Path) -> list[Run]:
         sets = entry.get("set", [])
         if not isinstance(sets, list) or not all(isinstance(s, str) and "=" in s for s in sets):
             fail(f'{where}: set must be a list of "key=value" strings')
+        only = entry.get("only", [])
+        if not isinstance(only, list) or not all(isinstance(v, str) and v for v in only):
+            fail(f"{where}: only must be a list of variant names")
         stem = str(entry.get("name", file.stem))
         if not stem or not stem.isprintable() or any(c in stem for c in "/\\"):
             fail(f"{where}: name must name one folder (no '/')")
         for click in clicks:
             name = stem if click is None else f"{stem}-{click}"
             extra = () if click is None else (f"clicks.model={click}",)
-            runs.append(Run(name, file, (*extra, *sets)))
+            runs.append(Run(name, file, (*extra, *sets), tuple(only)))
     names = [r.name for r in runs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
