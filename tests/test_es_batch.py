@@ -122,3 +122,17 @@ def test_groups_cover_the_rows_in_order_within_the_cell_budget():
         (0, 1),
         (1, 2),
     ]
+
+
+def test_perturbations_drawn_together_equal_each_seeds_own_generator():
+    """The batch's seeding (numpy's seed hashing for all seeds at once) gives every seed's
+    ``PCG64(seed)`` normal draw bit for bit: one- and two-word seeds, the extremes."""
+    rng = np.random.default_rng(4)
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 - 2, *rng.integers(2**63 - 1, size=300).tolist()]
+    seeds += rng.integers(2**32, size=50).tolist()
+    got = es.perturbations(seeds, 46, 0.01)
+    for seed, e in zip(seeds, got, strict=True):
+        want = np.random.Generator(np.random.PCG64(seed)).normal(0.0, 0.01, 46)
+        assert np.array_equal(e, want), seed
+        assert not e.flags.writeable
+    assert es.perturbation(seeds[5], 46, 0.01) is got[5]  # the server takes the drawn vector

@@ -90,6 +90,23 @@ def _stable_top(keys: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def _scores(
+    features: np.ndarray, starts: np.ndarray, sizes: np.ndarray, weights: np.ndarray, which
+) -> list[np.ndarray]:
+    """``features[a : a + s] @ weights[w]`` per row, for rows in query order.
+
+    A float32 block times float64 weights is converted to float64 inside every product (the
+    bulk of its cost, memory bound); converting once per query for its consecutive rows gives
+    the same product (the same float64 operands, one ``gemv`` per row) at a third of the cost.
+    """
+    out, last, block = [], -1, features[:0]
+    for a, s, w in zip(starts.tolist(), sizes.tolist(), which.tolist(), strict=True):
+        if a != last:
+            block, last = features[a : a + s].astype(np.float64), a
+        out.append(block @ weights[w])
+    return out
+
+
 def _rankings(
     train: QuerySet,
     starts: np.ndarray,
@@ -99,22 +116,14 @@ def _rankings(
     k: int,
 ) -> np.ndarray:
     """(rows, k) document offsets of every row's stable top-k by ``features @ weights[which]``."""
-    features = train.features
     ranking = np.zeros((len(sizes), k), dtype=np.int64)
-    by_size = np.argsort(sizes, kind="stable")
+    by_size = np.lexsort((starts, sizes))  # a query's rows together: its block is read once
     n_sorted = sizes[by_size].tolist()
     for lo, hi in size_groups(n_sorted, k):
         rows = by_size[lo:hi]
         n = sizes[rows]
         width = max(n_sorted[hi - 1], 1)
-        flat = np.concatenate(
-            [
-                features[a : a + s] @ weights[w]
-                for a, s, w in zip(
-                    starts[rows].tolist(), n.tolist(), which[rows].tolist(), strict=True
-                )
-            ]
-        )
+        flat = np.concatenate(_scores(train.features, starts[rows], n, weights, which[rows]))
         keys = np.full((rows.size, width), np.inf)
         keys[np.arange(width) < n[:, None]] = -flat
         order = _stable_top(keys, k)
