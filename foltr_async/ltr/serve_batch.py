@@ -74,20 +74,21 @@ def _dcg_per_length(gains: np.ndarray, m: np.ndarray) -> np.ndarray:
 def _stable_top(keys: np.ndarray, k: int) -> np.ndarray:
     """The first ``k`` columns of every row's stable ascending argsort, without sorting whole
     rows: the ``k`` smallest keys are those at or below the row's ``k``-th smallest (one
-    partition), ordered by (key, column) with one lexsort over those candidates."""
+    partition); those candidates, packed to the left of a row in column order (padded with
+    ``+inf`` after them), get one small stable argsort per row."""
     n_rows, width = keys.shape
     if k >= width:
         return np.argsort(keys, axis=1, kind="stable")
     kth = np.partition(keys, k - 1, axis=1)[:, k - 1]
-    r, c = np.nonzero(keys <= kth[:, None])
-    o = np.lexsort((c, keys[r, c], r))
-    r, c = r[o], c[o]
-    count = np.bincount(r, minlength=n_rows)
-    rank = np.arange(r.size) - np.repeat(np.cumsum(count) - count, count)
-    keep = rank < k
-    out = np.zeros((n_rows, k), dtype=np.int64)
-    out[r[keep], rank[keep]] = c[keep]
-    return out
+    taken = keys <= kth[:, None]
+    count = taken.sum(axis=1)
+    r, c = np.nonzero(taken)  # row by row, columns ascending
+    slot = np.arange(r.size) - np.repeat(np.cumsum(count) - count, count)
+    packed = np.full((n_rows, max(int(count.max(initial=0)), k)), np.inf)
+    column = np.zeros(packed.shape, dtype=np.int64)
+    packed[r, slot] = keys[r, c]
+    column[r, slot] = c
+    return np.take_along_axis(column, np.argsort(packed, axis=1, kind="stable")[:, :k], axis=1)
 
 
 def _scores(
