@@ -457,6 +457,7 @@ def _run_scenario(
         reference=scenario.reference,
         metric=METRIC,
         conclusions=conclusions,
+        throttled=True,
     )
     observers = Observers([reporter, writer])
     observers.run_started(
