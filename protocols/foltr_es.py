@@ -45,8 +45,8 @@ from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import dcg_at_k, maxrr
-from foltr_async.ltr.rankers import LinearRanker
-from foltr_async.ltr.serve_batch import serve_linear
+from foltr_async.ltr.rankers import LinearRanker, MLPRanker
+from foltr_async.ltr.serve_batch import linear_score, serve_linear
 from foltr_async.observe.privacy import account, randomised_response
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.users import K
@@ -237,7 +237,7 @@ class ESClient(OnlineClient):
         #: the randomised response applies to every interaction (else once to each half's mean)
         self.per_interaction = p.metric == "maxrr" and p.privatise == "interaction"
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
-        batched = isinstance(self.ranker, LinearRanker) and isinstance(
+        batched = isinstance(self.ranker, LinearRanker | MLPRanker) and isinstance(
             self.users.click_model, CascadeModel
         )
         #: the run's pool serving every client of a round at once (None: one query at a time)
@@ -384,6 +384,7 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
         model.p_click,
         model.p_stop,
         K,
+        _network_scores(jobs[0].client.ranker),
     )
     shown = served.ndcg.tolist()
     metrics = {"maxrr": served.maxrr.tolist(), "dcg": served.click_dcg.tolist()}
@@ -412,6 +413,20 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
                 sent.append(respond(value, drawn) if client.metric == "maxrr" else value)
         out.append((sent[0], sent[1]))
     return out
+
+
+def _network_scores(ranker: LinearRanker | MLPRanker):
+    """The batch's scoring: the linear default, or a network's own ``score`` with each row's
+    weights set on a copy (the same forward pass as ``_serve``, on the same float64 block)."""
+    if isinstance(ranker, LinearRanker):
+        return linear_score
+    net = ranker.copy()
+
+    def score(block: np.ndarray, w: np.ndarray) -> np.ndarray:
+        net.set_params(w)
+        return net.score(block)
+
+    return score
 
 
 class ESStrategy(ModelStrategy):
