@@ -45,8 +45,8 @@ from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.metrics import dcg_at_k, maxrr
-from foltr_async.ltr.rankers import LinearRanker
-from foltr_async.ltr.serve_batch import serve_linear
+from foltr_async.ltr.rankers import LinearRanker, MLPRanker
+from foltr_async.ltr.serve_batch import linear_score, serve_linear
 from foltr_async.observe.privacy import account, randomised_response
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.users import K
@@ -75,6 +75,7 @@ KINDS = (
 )
 
 LEVELS = np.array([0.0] + [1.0 / r for r in range(K, 0, -1)])  # the 11 MaxRR@10 values
+_LEVEL_OF = {v: i for i, v in enumerate(LEVELS.tolist())}
 
 #: Fewer clients than this are served one query at a time (``ESClient._serve``): measured per
 #: client, serving together is 2.5x slower for 1, even for 2, 1.3x faster for 3, 1.6x for 6.
@@ -114,12 +115,81 @@ def perturbation(seed: int, size: int, sigma: float) -> np.ndarray:
     key = (seed, size, sigma)
     e = _DRAWN.pop(key, None)
     if e is None:
-        e = np.random.Generator(np.random.PCG64(seed)).normal(0.0, sigma, size)
-        e.setflags(write=False)
-        if (len(_DRAWN) + 1) * e.nbytes > _DRAWN_BYTES:
-            _DRAWN.clear()
-        _DRAWN[key] = e
+        e = _remember(key, np.random.Generator(np.random.PCG64(seed)).normal(0.0, sigma, size))
     return e
+
+
+def _remember(key: tuple[int, int, float], e: np.ndarray) -> np.ndarray:
+    e.setflags(write=False)
+    if (len(_DRAWN) + 1) * e.nbytes > _DRAWN_BYTES:
+        _DRAWN.clear()
+    _DRAWN[key] = e
+    return e
+
+
+def perturbations(seeds: list[int], size: int, sigma: float) -> list[np.ndarray]:
+    """``perturbation`` of many seeds (memoised alike), equal vector for vector.
+
+    Building a ``PCG64(seed)`` is ~9 us of its ~15, mostly the seed sequence's hashing; here
+    that hashing runs for all seeds at once (``_pcg64_states``) and one generator is set to
+    each state in turn before its ``normal`` draw.
+    """
+    bits = np.random.PCG64(0)
+    draw = np.random.Generator(bits)
+    out = []
+    for seed, (state, inc) in zip(seeds, _pcg64_states(seeds), strict=True):
+        bits.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": state, "inc": inc},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        out.append(_remember((seed, size, sigma), draw.normal(0.0, sigma, size)))
+    return out
+
+
+# numpy's SeedSequence (pool of 4 uint32 words) and PCG64 seeding constants
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _M32, _M128 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF, (1 << 128) - 1
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+
+
+def _pcg64_states(seeds: list[int]) -> list[tuple[int, int]]:
+    """``PCG64(seed).state``'s (state, inc) for seeds below 2**64, as numpy computes them:
+    ``SeedSequence(seed).generate_state(4, uint64)`` (hashing the seed's two 32-bit words; a
+    zero high word hashes as the pool's padding does) then PCG's ``srandom``."""
+    u = np.uint32
+    s = np.asarray(seeds, dtype=np.uint64)
+    pool = [(s & np.uint64(_M32)).astype(u), (s >> np.uint64(32)).astype(u)]
+    pool += [np.zeros(s.size, u), np.zeros(s.size, u)]
+    h = _INIT_A  # the hash constant's sequence does not depend on the data
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        nonlocal h
+        v = v ^ u(h)
+        h = (h * _MULT_A) & _M32
+        v = v * u(h)
+        return v ^ (v >> u(16))
+
+    pool = [hashmix(w) for w in pool]
+    for i in range(4):
+        for j in range(4):
+            if i != j:
+                r = u(_MIX_L) * pool[j] - u(_MIX_R) * hashmix(pool[i])
+                pool[j] = r ^ (r >> u(16))
+    h, words = _INIT_B, []
+    for i in range(8):
+        v = pool[i % 4] ^ u(h)
+        h = (h * _MULT_B) & _M32
+        v = v * u(h)
+        words.append(v ^ (v >> u(16)))
+    state64 = np.stack(words, axis=1).astype("<u4").view("<u8").astype(np.uint64)
+    out = []
+    for a, b, c, d in state64.tolist():
+        inc = ((((c << 64) | d) << 1) | 1) & _M128
+        start = (((a << 64) | b) + inc) & _M128  # state 0, one step, plus the seed
+        out.append(((start * _PCG_MULT + inc) & _M128, inc))
+    return out
 
 
 def epsilon_bound(p: float, n: int = len(LEVELS)) -> float:
@@ -145,7 +215,9 @@ def response_draw(p: float, rng: np.random.Generator) -> int | None:
 
 def respond(value: float, other: int | None) -> float:
     """The level sent for ``value`` given the response's draw."""
-    level = int(np.argmin(np.abs(LEVELS - value)))
+    level = _LEVEL_OF.get(value)  # an interaction's MaxRR is a level: no search
+    if level is None:
+        level = int(np.argmin(np.abs(LEVELS - value)))
     if other is not None:
         level = other if other < level else other + 1
     return float(LEVELS[level])
@@ -168,7 +240,7 @@ class ESClient(OnlineClient):
         #: the randomised response applies to every interaction (else once to each half's mean)
         self.per_interaction = p.metric == "maxrr" and p.privatise == "interaction"
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
-        batched = isinstance(self.ranker, LinearRanker) and isinstance(
+        batched = isinstance(self.ranker, LinearRanker | MLPRanker) and isinstance(
             self.users.click_model, CascadeModel
         )
         #: the run's pool serving every client of a round at once (None: one query at a time)
@@ -197,21 +269,18 @@ class ESClient(OnlineClient):
             return sent / n
         return privatise(value, self.p, self.rng) if self.metric == "maxrr" else value
 
-    def serve_job(self, plus: np.ndarray, minus: np.ndarray, n_minus: int) -> ServeJob:
-        """This round's two halves as a job for the batched path (``_serve`` twice, at once)."""
-        return ServeJob(self, plus, minus, self.batch - n_minus, n_minus)
-
     @handles(MODEL)
     async def on_model(self, env) -> None:
         theta = env.body["params"]
         self.users.round = env.round
         seed = int(self.rng.integers(2**63 - 1))
-        e = perturbation(seed, theta.size, self.sigma)
         n_minus = self.batch // 2 if self.antithetic else 0
         self.truth = []
         if self.pool is not None:  # every client of the round served together, same draws
-            m_plus, m_minus = await self.pool.submit(self.serve_job(theta + e, theta - e, n_minus))
+            job = ServeJob(self, theta, seed, self.batch - n_minus, n_minus)
+            m_plus, m_minus = await self.pool.submit(job)
         else:
+            e = perturbation(seed, theta.size, self.sigma)
             m_plus = self._serve(theta + e, self.batch - n_minus)
             m_minus = self._serve(theta - e, n_minus)
         # oracle truth for eavesdroppers' scores: the metrics before privatisation
@@ -231,11 +300,12 @@ class ESClient(OnlineClient):
 
 @dataclass(eq=False)
 class ServeJob:
-    """One client's round: ``n_plus`` queries served by ``plus``, then ``n_minus`` by ``minus``."""
+    """One client's round: ``n_plus`` queries served by ``theta + e``, then ``n_minus`` by
+    ``theta - e``, ``e`` the perturbation of ``seed`` (drawn for the whole batch at once)."""
 
     client: ESClient
-    plus: np.ndarray
-    minus: np.ndarray
+    theta: np.ndarray
+    seed: int
     n_plus: int
     n_minus: int
 
@@ -254,13 +324,19 @@ def _serve_jobs(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]]
         out = []
         for job in jobs:
             client = job.client
-            out.append((client._serve(job.plus, job.n_plus), client._serve(job.minus, job.n_minus)))
+            e = perturbation(job.seed, job.theta.size, client.sigma)
+            plus, minus = job.theta + e, job.theta - e
+            out.append((client._serve(plus, job.n_plus), client._serve(minus, job.n_minus)))
         return out
     by_setup: dict[tuple, list[ServeJob]] = {}  # one serve per training set and click model
+    keys: dict[tuple[int, int], tuple] = {}  # by objects: each table's bytes read once
     for job in jobs:
         users = job.client.users
         model = users.click_model
-        key = (id(users.train), model.p_click.tobytes(), model.p_stop.tobytes())
+        key = keys.get((id(users.train), id(model)))
+        if key is None:
+            key = (id(users.train), model.p_click.tobytes(), model.p_stop.tobytes())
+            keys[id(users.train), id(model)] = key
         by_setup.setdefault(key, []).append(job)
     results: dict[int, tuple[float | None, float | None]] = {}
     for group in by_setup.values():
@@ -280,20 +356,23 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
     weights: list[np.ndarray] = []
     drawn_rows: list[int | None] = []  # per row its response (per-interaction privatisation)
     halves: list[list[tuple[int, int, int | None] | None]] = []  # (first row, rows, response)
-    for job in jobs:
+    # one run's clients: one sigma, one model size
+    es = perturbations([job.seed for job in jobs], jobs[0].theta.size, jobs[0].client.sigma)
+    for job, e in zip(jobs, es, strict=True):
         client = job.client
-        rng, mine = client.rng, []
-        for theta, n in ((job.plus, job.n_plus), (job.minus, job.n_minus)):
+        rng, mine, next_query = client.rng, [], client.users.next_query
+        per_row = client.per_interaction and client.p < 1.0  # p = 1 draws nothing
+        for theta, n in ((job.theta + e, job.n_plus), (job.theta - e, job.n_minus)):
             if n == 0:
                 mine.append(None)
                 continue
-            first = len(queries)
+            first, row_of = len(queries), len(weights)
             for _ in range(n):
-                q = client.users.next_query()
+                q = next_query()
                 queries.append(q)
-                which.append(len(weights))
+                which.append(row_of)
                 uniforms.append(rng.random(2 * shown_len[q]))  # random((2, m)), raveled
-                drawn_rows.append(response_draw(client.p, rng) if client.per_interaction else None)
+                drawn_rows.append(response_draw(client.p, rng) if per_row else None)
             weights.append(theta)
             once = client.metric == "maxrr" and not client.per_interaction
             drawn = response_draw(client.p, rng) if once else None
@@ -308,12 +387,14 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
         model.p_click,
         model.p_stop,
         K,
+        _network_scores(jobs[0].client.ranker),
     )
     shown = served.ndcg.tolist()
+    metrics = {"maxrr": served.maxrr.tolist(), "dcg": served.click_dcg.tolist()}
     out = []
     for job, mine in zip(jobs, halves, strict=True):
         client = job.client
-        metric = served.maxrr if client.metric == "maxrr" else served.click_dcg
+        metric, record = metrics[client.metric], client.users.record
         sent = []
         for half in mine:
             if half is None:
@@ -321,9 +402,9 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
                 continue
             first, n, drawn = half
             for v in shown[first : first + n]:
-                client.users.record(v)
+                record(v)
             total, privatised = 0.0, 0.0
-            for row, v in enumerate(metric[first : first + n].tolist(), first):
+            for row, v in enumerate(metric[first : first + n], first):
                 total += v
                 if client.per_interaction:
                     privatised += respond(v, drawn_rows[row])
@@ -335,6 +416,20 @@ def _serve_group(jobs: list[ServeJob]) -> list[tuple[float | None, float | None]
                 sent.append(respond(value, drawn) if client.metric == "maxrr" else value)
         out.append((sent[0], sent[1]))
     return out
+
+
+def _network_scores(ranker: LinearRanker | MLPRanker):
+    """The batch's scoring: the linear default, or a network's own ``score`` with each row's
+    weights set on a copy (the same forward pass as ``_serve``, on the same float64 block)."""
+    if isinstance(ranker, LinearRanker):
+        return linear_score
+    net = ranker.copy()
+
+    def score(block: np.ndarray, w: np.ndarray) -> np.ndarray:
+        net.set_params(w)
+        return net.score(block)
+
+    return score
 
 
 class ESStrategy(ModelStrategy):

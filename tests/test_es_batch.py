@@ -58,8 +58,11 @@ def test_stable_top_is_the_head_of_a_stable_argsort():
         assert np.array_equal(got, np.argsort(keys, axis=1, kind="stable")[:, :k]), k
 
 
-def scenario(data_dir, params: dict | None = None, network: dict | None = None) -> dict:
+def scenario(
+    data_dir, params: dict | None = None, network: dict | None = None, ranker: dict | None = None
+) -> dict:
     raw = {
+        "ranker": ranker or {"kind": "linear"},
         "dataset": {"path": str(data_dir)},
         "clicks": {"model": "informational"},
         "federation": {
@@ -88,14 +91,17 @@ def simulate(cfg, batched: bool, monkeypatch):
 @pytest.mark.parametrize(
     ("params", "staggered"),
     [({}, False), ({"p": 0.7}, False), ({"metric": "dcg", "antithetic": False}, False),
-     ({"p": 0.7}, True), ({"p": 0.7, "privatise": "mean"}, False)],
+     ({"p": 0.7}, True), ({"p": 0.7, "privatise": "mean"}, False),
+     ({"p": 0.7, "ranker": {"kind": "mlp", "hidden": [10]}}, False),
+     ({"ranker": {"kind": "mlp", "hidden": [10]}}, True)],
 )  # fmt: skip
 def test_foltr_es_run_is_equal_batched_or_one_query_at_a_time(
     mq2008_dir, monkeypatch, params, staggered
 ):
     # staggered: lognormal latencies, so models arrive one by one and batches are tiny
     net = {"latency": {"kind": "lognormal", "median": 1.0, "sigma": 0.5}} if staggered else None
-    cfg = scenario(mq2008_dir, params, net)
+    params = dict(params)
+    cfg = scenario(mq2008_dir, params, net, params.pop("ranker", None))
     a, sim_a = simulate(cfg, True, monkeypatch)
     b, sim_b = simulate(cfg, False, monkeypatch)
     pool = sim_a.ctx.shared("foltr_es.serve_pool", lambda: None)
@@ -122,3 +128,17 @@ def test_groups_cover_the_rows_in_order_within_the_cell_budget():
         (0, 1),
         (1, 2),
     ]
+
+
+def test_perturbations_drawn_together_equal_each_seeds_own_generator():
+    """The batch's seeding (numpy's seed hashing for all seeds at once) gives every seed's
+    ``PCG64(seed)`` normal draw bit for bit: one- and two-word seeds, the extremes."""
+    rng = np.random.default_rng(4)
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 - 2, *rng.integers(2**63 - 1, size=300).tolist()]
+    seeds += rng.integers(2**32, size=50).tolist()
+    got = es.perturbations(seeds, 46, 0.01)
+    for seed, e in zip(seeds, got, strict=True):
+        want = np.random.Generator(np.random.PCG64(seed)).normal(0.0, 0.01, 46)
+        assert np.array_equal(e, want), seed
+        assert not e.flags.writeable
+    assert es.perturbation(seeds[5], 46, 0.01) is got[5]  # the server takes the drawn vector

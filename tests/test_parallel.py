@@ -157,3 +157,26 @@ def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs():
         list(run_jobs([(0, 1, "sleeps", {}), (0, 1, "fails", {})], 2, work=fails_or_sleeps))
     assert err.value.job[2] == "fails"
     assert time.monotonic() - start < 60  # the sleeping job's process was ended
+
+
+def test_parallel_jobs_start_longest_first_and_equal_costs_keep_their_order(tmp_path):
+    from foltr_async.experiment import longest_first
+
+    path = tmp_path / "par.toml"
+    path.write_text(
+        SCENARIO
+        + "[variants.long]\nfederation.rounds = 60\n"
+        + "[variants.wide]\nfederation.clients = 12\n"
+        + '[variants.mlp]\nranker = { kind = "mlp", hidden = [20] }\n'
+    )
+    sc = load_scenario(path)
+    todo = [
+        (rep, sc.seed + rep, name, cfg) for rep in range(2) for name, cfg in sc.variants.items()
+    ]
+    order = [(name, rep) for rep, _, name, _ in longest_first(todo)]
+    # 60 rounds x (8 + 100) > 6 x (24 + 100) x 1; the MLP's 20 units cost 3x: 6 x 108 x 3
+    assert order[:6] == [("long", 0), ("long", 1), ("mlp", 0), ("mlp", 1), ("wide", 0), ("wide", 1)]
+    rest = [(n, r) for n, r in order[6:]]
+    assert rest == [
+        (n, r) for r in range(2) for n in ("fedavg", "attacked-fedavg", "attacked-median")
+    ]

@@ -128,3 +128,29 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
     assert again.stdout.count("done before, skipped") == 1
     assert len((out / "runs.jsonl").read_text().splitlines()) == 3  # nothing ran again
     assert "## tiny-navigational" in (out / "REPORT.md").read_text()  # the whole plan's report
+
+
+def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_own_cpu(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "long.toml").write_text(TINY.replace("rounds = 4", "rounds = 60"))
+    (tmp_path / "plan.toml").write_text(
+        '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect", "navigational"]\n'
+        '[[run]]\nfile = "long.toml"\n'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    # an earlier night's records: the long run took the most CPU, tiny-perfect none recorded
+    earlier = [{"run": "long", "cpu_s": 90.0}, {"run": "tiny-navigational", "cpu_s": 3.0}]
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    ran = tool("--plan-file", "plan.toml", "--out", "out", "--runs", "2", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    started = [line.split()[1].rstrip(":") for line in ran.stdout.splitlines() if "running" in line]
+    assert started == ["long", "tiny-navigational", "tiny-perfect"]
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()][2:]
+    assert sorted(r["run"] for r in records) == ["long", "tiny-navigational", "tiny-perfect"]
+    cpu = {r["run"]: r["cpu_s"] for r in records}
+    assert all(r["exit_code"] == 0 and r["wall_s"] > 0 for r in records)
+    # each run's own process tree: the 60-round run costs more than a 4-round one
+    assert cpu["long"] > cpu["tiny-perfect"] > 0
+    for name in cpu:
+        assert json.loads((out / name / "results.json").read_text())["complete"] is True

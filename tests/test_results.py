@@ -348,3 +348,34 @@ def test_maxrr_gets_a_summary_curve_and_a_figure_beside_the_main_metric(writer):
     np.testing.assert_allclose(summary["curves"]["maxrr@10"]["mean"], want)
     assert summary["curves"]["maxrr@10"]["rounds"] == ROUNDS
     assert (writer.out_dir / "curves-maxrr@10.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_throttled_writer_rewrites_after_a_repeat_only_when_due_and_always_at_the_end(
+    tmp_path, monkeypatch
+):
+    """The run's writer (``throttled``): the first repeat is written at once; later ones when
+    ten times the last rewrite's cost has passed (a clock ticking 1 s per reading: a rewrite
+    reads it a few times, so the next is due some tens of readings later); ``run_done``
+    writes every repeat."""
+    import foltr_async.observe.results as results
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(results.time, "monotonic", lambda: float(next(ticks)))
+    w = ResultsWriter(tmp_path, scenario="s", seed=1, config={}, reference="base", throttled=True)
+    w.run_started(info())
+    rng = np.random.default_rng(1)
+
+    def written() -> int:
+        res = json.loads(w.json_path.read_text())
+        return sum(len(v["repeats"]) for v in res["variants"].values())
+
+    w.repeat_done("base", 0, make_repeat(11, 0.0, rng))
+    assert written() == 1
+    for r in range(1, 4):
+        w.repeat_done("base", r, make_repeat(11 + r, 0.0, rng))
+    assert written() == 1  # not due yet: the repeats are kept, the files wait
+    for r in range(4, 80):
+        w.repeat_done("base", r, make_repeat(11 + r, 0.0, rng))
+    assert 1 < written() < 80
+    w.run_done({})
+    assert written() == 80 and json.loads(w.json_path.read_text())["complete"] is True

@@ -3,15 +3,20 @@
     python tools/reproduce_all.py --jobs 2                  # tools/reproduce_plan.toml, all
     python tools/reproduce_all.py --plan                    # the runs, nothing started
     python tools/reproduce_all.py --only fpdgd_dp --jobs 2  # runs whose name starts so
+    python tools/reproduce_all.py --runs 2                  # two runs at once, one process each
 
 Each run goes to ``OUT/<name>/`` (``--out``, default ``results/reproduce``) with its console
 output in ``OUT/<name>.log``. A run whose folder holds a complete ``results.json`` is skipped,
 so an interrupted night resumes where it stopped; a folder without one (the run was killed or
 failed part-way) is kept, renamed ``<name>.incomplete-N``, and the run starts again.
-``OUT/runs.jsonl`` records every run's wall time, CPU time, exit code and the load average
-around it; ``OUT/REPORT.md`` holds ``tools/repro_table.py``'s table of every finished run of the
-plan (with ``--only`` too). A failed run does not stop the others; the exit code is 1 when any
-failed, 2 on a bad plan or argument.
+``--runs N`` keeps N runs going at once (each with ``--jobs`` processes), longest first by
+the CPU time ``runs.jsonl`` recorded for them (runs without a record keep the plan's order,
+after those): on a few cores ``--runs 2 --jobs 1`` leaves no core idle at the end of each run
+and spends no second process per run. ``OUT/runs.jsonl`` records every run's wall time, CPU
+time (the run's process tree), exit code and the load average around it; ``OUT/REPORT.md``
+holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
+A failed run does not stop the others; the exit code is 1 when any failed, 2 on a bad plan or
+argument.
 """
 
 from __future__ import annotations
@@ -19,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
@@ -115,36 +119,60 @@ def set_aside(folder: Path) -> Path:
     return aside
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def execute(run: Run, out: Path, jobs: int, extra: list[str]) -> dict:
-    """One run through the command line, its output to a log file; what it cost."""
-    folder = out / run.name
-    cmd = run.command(folder, jobs, extra)
+@dataclass
+class Started:
+    """A run whose command is going: its process, log file and what was known at its start."""
+
+    run: Run
+    proc: subprocess.Popen
+    log: BinaryIO
+    record: dict
+    start: float
+
+
+def start(run: Run, out: Path, jobs: int, extra: list[str]) -> Started:
+    """One run through the command line, its output to a log file."""
+    cmd = run.command(out / run.name, jobs, extra)
     record = {
         "run": run.name,
         "command": " ".join(["python", *cmd[1:]]),
         "load_start": load_average(),
     }
-    cpu, start = children_cpu(), time.monotonic()
-    with open(out / f"{run.name}.log", "wb") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    record.update(
-        exit_code=rc,
-        wall_s=round(time.monotonic() - start, 1),
-        cpu_s=round(children_cpu() - cpu, 1),
+    log = open(out / f"{run.name}.log", "wb")  # noqa: SIM115 (closed when the run ends)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return Started(run, proc, log, record, time.monotonic())
+
+
+def wait_any(going: dict[int, Started], out: Path) -> Started:
+    """Wait for one of the runs to end; its wall time and CPU time (``wait4``'s usage of that
+    process and the workers it waited for, so runs going at once are told apart) to
+    ``runs.jsonl``."""
+    pid, status, usage = os.wait4(-1, 0)
+    while pid not in going:  # not ours (nothing else runs children here; be safe)
+        pid, status, usage = os.wait4(-1, 0)
+    done = going.pop(pid)
+    done.proc.returncode = os.waitstatus_to_exitcode(status)
+    done.log.close()
+    done.record.update(
+        exit_code=done.proc.returncode,
+        wall_s=round(time.monotonic() - done.start, 1),
+        cpu_s=round(usage.ru_utime + usage.ru_stime, 1),
         load_end=load_average(),
     )
     with open(out / "runs.jsonl", "a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    return record
+        fh.write(json.dumps(done.record) + "\n")
+    return done
+
+
+def longest_first(runs: list[Run], out: Path) -> list[Run]:
+    """The runs by the CPU time their last record in ``runs.jsonl`` took, most first; runs
+    without one after those, in the plan's order (a stable sort)."""
+    cost = {name: rec.get("cpu_s", 0.0) for name, rec in last_records(out).items()}
+    return sorted(runs, key=lambda r: (r.name not in cost, -cost.get(r.name, 0.0)))
 
 
 def last_records(out: Path) -> dict[str, dict]:
@@ -188,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-file", type=Path, default=TOOLS / "reproduce_plan.toml")
     ap.add_argument("--out", type=Path, default=Path("results/reproduce"))
     ap.add_argument("--jobs", type=int, default=1, help="processes per run (--jobs of each run)")
+    ap.add_argument("--runs", type=int, default=1, help="runs going at once, longest first")
     ap.add_argument("--only", action="append", default=[], help="runs whose name starts so")
     ap.add_argument(
         "--set",
@@ -198,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--plan", action="store_true", help="print the runs and stop")
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error("--jobs must be at least 1")
+    if args.jobs < 1 or args.runs < 1:
+        ap.error("--jobs and --runs must be at least 1")
     plan = runs = load_plan(args.plan_file)
     if args.only:
         runs = [r for r in plan if any(r.name.startswith(o) for o in args.only)]
@@ -213,20 +242,33 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
-    for i, run in enumerate(runs, 1):
-        folder = args.out / run.name
-        head = f"[{i}/{len(runs)}] {run.name}"
-        if finished(folder):
-            print(f"{head}: done before, skipped", flush=True)
+    order = longest_first(runs, args.out) if args.runs > 1 else runs
+    heads = {run.name: f"[{i}/{len(runs)}] {run.name}" for i, run in enumerate(order, 1)}
+    going: dict[int, Started] = {}
+    todo = list(order)
+    while todo or going:
+        while todo and len(going) < args.runs:
+            run = todo.pop(0)
+            folder, head = args.out / run.name, heads[run.name]
+            if finished(folder):
+                print(f"{head}: done before, skipped", flush=True)
+                continue
+            if folder.exists():
+                print(f"{head}: an unfinished folder kept as {set_aside(folder).name}", flush=True)
+            print(f"{head}: running (log {args.out / (run.name + '.log')})", flush=True)
+            started = start(run, args.out, args.jobs, args.set)
+            going[started.proc.pid] = started
+        if not going:
             continue
-        if folder.exists():
-            print(f"{head}: an unfinished folder kept as {set_aside(folder).name}", flush=True)
-        print(f"{head}: running (log {args.out / (run.name + '.log')})", flush=True)
-        rec = execute(run, args.out, args.jobs, args.set)
+        done = wait_any(going, args.out)
+        rec = done.record
         if rec["exit_code"] != 0:
-            failed.append(run.name)
+            failed.append(done.run.name)
         status = "ok" if rec["exit_code"] == 0 else f"FAILED (exit {rec['exit_code']})"
-        print(f"{head}: {status}, wall {rec['wall_s']} s, CPU {rec['cpu_s']} s", flush=True)
+        print(
+            f"{heads[done.run.name]}: {status}, wall {rec['wall_s']} s, CPU {rec['cpu_s']} s",
+            flush=True,
+        )
     report = write_report(args.out, plan)  # every finished run of the plan, not only these
     print(f"report: {report}")
     if failed:
