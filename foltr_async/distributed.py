@@ -793,8 +793,9 @@ class AgentHost:
             )
         self.stub = _ServerStub()
         self.proto.attach_server(self.stub)
-        if msg.get("oracle"):
+        if msg.get("oracle"):  # the server's eavesdroppers read what these clients write
             self.sim.probe.oracle = _OracleForward(link, self.run)
+            self.sim.probe.read_oracle()
         self.flushed = 0
         self.stats_before: dict | None = None
         self.link = link

@@ -157,6 +157,7 @@ class TapEavesdropper(Agent, ABC):
         super().__init__(agent_id, ctx.bus)
         self.ctx = ctx
         self.probe = ctx.probe
+        self.probe.read_oracle()  # its scores compare guesses with the writers' truths
         self.targets = targets  # None: every link
 
     def start(self):

@@ -283,8 +283,9 @@ class ESClient(OnlineClient):
             e = perturbation(seed, theta.size, self.sigma)
             m_plus = self._serve(theta + e, self.batch - n_minus)
             m_minus = self._serve(theta - e, n_minus)
-        # oracle truth for eavesdroppers' scores: the metrics before privatisation
-        self.users.probe.oracle[SEED_METRIC, self.id] = (env.round, *self.truth)
+        if self.users.probe.oracle_read:
+            # oracle truth for eavesdroppers' scores: the metrics before privatisation
+            self.users.probe.oracle[SEED_METRIC, self.id] = (env.round, *self.truth)
         self.send(
             env.src,
             SEED_METRIC,

@@ -177,11 +177,13 @@ class FPDGDClient(OnlineClient):
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         """The weights this client sends for the round (async: training may be batched)."""
         users = self.users
-        users.issued = []
+        oracle = users.probe.oracle_read
+        users.issued = [] if oracle else None
         theta = await super().make_update(round, start)
-        # oracle truth for eavesdroppers' scores (latest per client): the pre-noise local update
-        # and the queries it came from
-        users.probe.oracle[UPDATE, self.id] = (round, theta - start, users.issued)
+        if oracle:
+            # oracle truth for eavesdroppers' scores (latest per client): the pre-noise local
+            # update and the queries it came from
+            users.probe.oracle[UPDATE, self.id] = (round, theta - start, users.issued)
         return self.privatise(theta)
 
     @handles(MODEL)

@@ -398,8 +398,9 @@ class RemedyClient(FPDGDClient):
             local[self.out] = self.head
         theta = await super().make_update(round, local)
         self.head = theta[self.out].copy()
-        # measurement only (never a message): the personal layer, for personalised evaluation
-        self.users.probe.oracle["fedper.head", self.id] = self.head
+        if self.users.probe.oracle_read:
+            # measurement only (never a message): the personal layer, for personalised evaluation
+            self.users.probe.oracle["fedper.head", self.id] = self.head
         if not self.study:
             theta[self.out] = start[self.out]  # the personal layer stays on the device
         return theta
@@ -426,6 +427,8 @@ class RemedyStrategy(FPDGDStrategy):
         super().__init__(ctx)
         p = ctx.params
         self.alpha, self.fedper = p.share_alpha, p.fedper
+        if self.fedper:
+            ctx.probe.read_oracle()  # the clients' personal heads, for the personalised metric
         self.server = None
         self.shared: np.ndarray | None = None  # G, as query numbers of the global data
         self.sent: set[str] = set()

@@ -235,6 +235,33 @@ def test_a_job_does_not_depend_on_its_batch():
         np.testing.assert_allclose(together.ndcg[j, :steps], r.ndcg[0, :steps], rtol=1e-12)
 
 
+@pytest.mark.parametrize("hidden", [0, 3])
+def test_batches_run_in_chunks_give_the_same_results_bit_for_bit(monkeypatch, hidden):
+    """Large batches run CHUNK jobs per kernel call (bounded buffers): the same weights,
+    queries and nDCGs, also when jobs in different chunks share one generator."""
+    train = make_queryset(5, seed=4)
+    cases = random_cases(train, 5, 23, seed=9)
+    model_size = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+
+    def result():
+        gens = [np.random.default_rng(j // 2) for j in range(len(cases))]  # pairs share one
+        start = np.random.default_rng(1)
+        jobs = [
+            PDGDJob(start.normal(size=model_size) * 0.1, q, n, gens[j], m, 0.1)
+            for j, (q, n, _, m) in enumerate(cases)
+        ]
+        run = train_mlp_batch(train, jobs, hidden) if hidden else train_linear_batch(train, jobs)
+        return run, [g.bit_generator.state for g in gens]
+
+    whole, states = result()
+    monkeypatch.setattr(pdgd_batch, "CHUNK", 5)
+    chunked, chunked_states = result()
+    assert np.array_equal(chunked.weights, whole.weights)
+    assert np.array_equal(chunked.queries, whole.queries)
+    assert np.array_equal(chunked.ndcg, whole.ndcg, equal_nan=True)
+    assert chunked_states == states
+
+
 def test_empty_batch_and_bad_input():
     train = make_queryset(3)
     res = train_linear_batch(train, [])

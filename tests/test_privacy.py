@@ -167,6 +167,7 @@ def fpdgd_run(tmp_path, rounds=40, params="", federation="", network="", configu
     weights: dict[int, dict[str, np.ndarray]] = {}
 
     def on_model(data, header):
+        sim.probe.read_oracle()  # this test reads the pre-noise updates (built with the run)
         body = decode(data).body
         start[header.round] = np.array(body["params"])
         shares.setdefault(header.round, body["shares"])

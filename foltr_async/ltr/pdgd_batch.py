@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 SERP_LENGTH = 10
+#: jobs per kernel call: a call's buffers grow with its jobs times their largest owned query
+#: (62,500 clients sharing a 1,200-query pool: ~1.5 GB in one call), and jobs are independent
+CHUNK = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,7 +175,7 @@ def train_linear_batch(
     Step ``s`` of every job runs before step ``s + 1`` of any. Jobs are independent: the result
     of one never depends on the others in the batch.
     """
-    return _train(train, jobs, k, 0)
+    return _chunked(train, jobs, k, 0)
 
 
 def train_mlp_batch(
@@ -182,7 +185,25 @@ def train_mlp_batch(
     tanh units (``MLPRanker(n_features, (hidden,))``'s flat parameters). Scoring is
     ``MLPRanker.score``'s numpy products per job (the same scores, bit for bit); the backward
     pass runs in the kernel, its sums in another order than BLAS (equal to float rounding)."""
-    return _train(train, jobs, k, hidden)
+    return _chunked(train, jobs, k, hidden)
+
+
+def _chunked(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> BatchResult:
+    """``_train`` on at most ``CHUNK`` jobs at a time, in job order: the same draws and results
+    (jobs sharing a generator still draw one after the other), with bounded buffers."""
+    if len(jobs) <= CHUNK:
+        return _train(train, jobs, k, hidden)
+    parts = [_train(train, jobs[i : i + CHUNK], k, hidden) for i in range(0, len(jobs), CHUNK)]
+    steps = max(r.queries.shape[1] for r in parts)
+    queries = np.full((len(jobs), steps), -1, dtype=np.int64)
+    ndcg = np.full((len(jobs), steps), np.nan)
+    at = 0
+    for r in parts:
+        n, m = r.queries.shape
+        queries[at : at + n, :m] = r.queries
+        ndcg[at : at + n, :m] = r.ndcg
+        at += n
+    return BatchResult(np.concatenate([r.weights for r in parts]), queries, ndcg)
 
 
 def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> BatchResult:

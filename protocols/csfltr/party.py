@@ -192,7 +192,8 @@ class Party(Agent):
                 obf = obfuscate(terms, self.hashes, self.z1, self.rng, self.decoys)
                 req = self._req()
                 self.pending[req] = _Pending(q, o, obf)
-                self.proto.probe.oracle[RTK_QUERY, self.id, req] = terms
+                if self.proto.probe.oracle_read:
+                    self.proto.probe.oracle[RTK_QUERY, self.id, req] = terms
                 self.send(
                     "server",
                     RTK_QUERY,
@@ -205,7 +206,8 @@ class Party(Agent):
                 obf = obfuscate(np.array([t]), self.hashes, self.z1, self.rng, self.decoys)
                 req = self._req()
                 self.naive[req] = (t, o, obf)
-                self.proto.probe.oracle[NAIVE_QUERY, self.id, req] = np.array([t])
+                if self.proto.probe.oracle_read:
+                    self.proto.probe.oracle[NAIVE_QUERY, self.id, req] = np.array([t])
                 self.send(
                     "server",
                     NAIVE_QUERY,
