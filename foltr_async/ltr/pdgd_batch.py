@@ -323,7 +323,7 @@ def prepare() -> None:
     For real-time runs (ZeroMQ workers), whose first round has a wall-clock deadline: numba's
     import and cache load take ~0.5 CPU s. Uses a float32 / int8 set like the loaders make, so
     the functions loaded are the ones real data calls: the serial kernels, and the parallel
-    ones too when more than one thread is in force.
+    ones too when more than one thread is in force, and the logged-interaction one.
     """
     from foltr_async.ltr.pdgd_kernel import PARALLEL_FROM
 
@@ -340,3 +340,5 @@ def prepare() -> None:
         train_linear_batch(tiny, [job, job])
         job.weights = np.zeros(2 * 2 + 2 * 2)
         train_mlp_batch(tiny, [job, job], 2)
+    shown = np.array([[2, 0, -1]])
+    learn_logged_linear(tiny, np.zeros(2), np.array([0]), shown, shown == 2, 0.1)
