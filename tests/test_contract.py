@@ -121,12 +121,14 @@ def test_a_plugin_action_runs_over_zmq_workers(tmp_path, mq2008_dir):
     assert rep["messages"]["kinds"]["fpdgd.update"]["sent"] == 3 * 2 + 2 * 2
 
 
-def test_the_central_server_learns_through_the_pdgd_learner():
-    """One step of lr * scale on the summed gradients of the logged interactions."""
+@pytest.mark.parametrize("ranker", [None, {"kind": "mlp", "hidden": [4]}])
+def test_the_central_server_learns_through_the_pdgd_learner(ranker):
+    """One step of lr * scale on the summed gradients of the logged interactions (a linear
+    ranker in the compiled call, an MLP one interaction at a time)."""
     from foltr_async.ltr.pdgd import pdgd_gradient
     from tests.test_pdgd_batch import make_ctx, make_queryset
 
-    ctx = make_ctx(make_queryset(3), 3, lr=0.5)
+    ctx = make_ctx(make_queryset(3), 3, ranker, lr=0.5)
     learner = PDGDLearner(ctx, np.arange(4), np.random.default_rng(0), "server", lr=0.5)
     train = ctx.data.train
     rng = np.random.default_rng(1)
