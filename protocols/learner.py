@@ -15,7 +15,6 @@ reference the batched path is tested against). Each learner draws from its own g
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -26,10 +25,12 @@ from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
     PDGDJob,
     compiled_pair_weights,
+    learn_logged_linear,
     prepare,
     train_linear_batch,
     train_mlp_batch,
 )
+from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.protocols.users import K, Users
 from foltr_async.runtime.compute import BatchPool
@@ -153,28 +154,43 @@ class PDGDLearner:
     def learn_logged(
         self,
         start: np.ndarray,
-        logged: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
+        train: QuerySet,
+        queries: np.ndarray,
+        rankings: np.ndarray,
+        clicks: np.ndarray,
         every: int = 0,
         scale: float = 1.0,
-    ) -> tuple[np.ndarray, int]:
+    ) -> np.ndarray:
         """PDGD from interactions other users had (centralised PDGD's server learns from its
-        clients' logs): ``logged`` yields each one's candidate features, shown ranking and
-        clicks; their gradients at the current weights are summed and a step of ``lr`` times
-        the sum taken every ``every`` interactions, the remainder's scaled by ``scale`` at the
-        end (``every`` 0: one step on all of them). Returns the new weights and how many
-        interactions there were. No clipping or proximal term: the server has neither."""
+        clients' logs): query ``queries[t]`` of ``train`` showed ``rankings[t]`` (document
+        offsets in the query, -1 padding the end) with ``clicks[t]``. Their gradients at the
+        current weights are summed and a step of ``lr`` times the sum taken every ``every``
+        interactions, the remainder's scaled by ``scale`` at the end (``every`` 0: one step on
+        all of them). Returns the new weights. No clipping or proximal term: the server has
+        neither. A linear ranker learns in one compiled call (``learn_logged_linear``), others
+        one interaction at a time."""
         ranker = self.ranker
+        if isinstance(ranker, LinearRanker):
+            theta = learn_logged_linear(
+                train, start, queries, rankings, clicks, self.lr, every, scale
+            )
+            ranker.set_params(theta)
+            return theta
         ranker.set_params(start)
-        pending, seen = np.zeros(ranker.n_params), 0
-        for features, ranking, clicks in logged:
-            pending += pdgd_gradient(ranker, features, ranking, clicks, ranker.score(features))
-            seen += 1
+        pending = np.zeros(ranker.n_params)
+        logged = zip(queries, rankings, clicks, strict=True)
+        for seen, (q, ranking, clicked) in enumerate(logged, 1):
+            shown = ranking >= 0
+            features = train.features[train.doc_range(int(q))]
+            pending += pdgd_gradient(
+                ranker, features, ranking[shown], clicked[shown], ranker.score(features)
+            )
             if every and seen % every == 0:
                 ranker.set_params(ranker.get_params() + self.lr * pending)
                 pending[:] = 0.0
         if pending.any():
             ranker.set_params(ranker.get_params() + self.lr * scale * pending)
-        return ranker.get_params(), seen
+        return ranker.get_params()
 
     def job(self, start: np.ndarray, n: int) -> PDGDJob:
         """``train(start, n)`` as a job for the batched path."""

@@ -88,19 +88,18 @@ class CentralStrategy(ModelStrategy):
     def aggregate(self, round: int, replies: list) -> dict:
         p = self.ctx.params
         scale = 1.0 / len(replies) if p.batch == 0 else 1.0
-        self.model, seen = self.learner.learn_logged(
-            self.model, self._logged(replies), every=p.batch, scale=scale
+        logs = [r.body for r in replies]
+        queries = np.concatenate([b["queries"] for b in logs])
+        self.model = self.learner.learn_logged(
+            self.model,
+            self.ctx.data.train,
+            queries,
+            np.concatenate([b["rankings"] for b in logs]),
+            np.concatenate([b["clicks"] for b in logs]),
+            every=p.batch,
+            scale=scale,
         )
-        return {"interactions": seen}
-
-    def _logged(self, replies: list):
-        """Each logged interaction: the query's candidates, the shown ranking, its clicks."""
-        train = self.ctx.data.train
-        for reply in replies:
-            b = reply.body
-            for q, ranking, clicks in zip(b["queries"], b["rankings"], b["clicks"], strict=True):
-                shown = ranking >= 0
-                yield train.features[train.doc_range(int(q))], ranking[shown], clicks[shown]
+        return {"interactions": len(queries)}
 
 
 class CentralPDGD(OnlineRun):

@@ -242,6 +242,26 @@ def test_events_file_gets_everything_stderr_only_its_level(tmp_path):
     assert not text.lstrip().startswith("{")
 
 
+def test_held_debug_events_reach_the_file_in_order_by_each_info_event_and_close(tmp_path):
+    """Debug events are rendered in bulk, yet none is lost or reordered: each info event finds
+    every earlier event on disk (a killed run keeps them), and close writes the rest."""
+    path = tmp_path / "events.jsonl"
+    configure_logging(events_path=path, json_logs=False, console=False, stream=io.StringIO())
+    log = structlog.get_logger()
+    expected = []
+    for r in range(2500):  # more than one bulk of held debug events
+        log.debug("aggregation", round=r)
+        expected.append(("aggregation", r))
+        if r in (10, 1500):
+            log.info("round", round=r)
+            expected.append(("round", r))
+            on_disk = [json.loads(ln) for ln in path.read_text().splitlines()]
+            assert [(e["event"], e["round"]) for e in on_disk] == expected
+    close_logging()
+    events = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [(e["event"], e["round"]) for e in events] == expected
+
+
 def test_console_mode_keeps_stderr_to_warnings(tmp_path):
     err = io.StringIO()
     configure_logging(events_path=tmp_path / "e.jsonl", json_logs=True, console=True, stream=err)

@@ -121,28 +121,31 @@ def test_a_plugin_action_runs_over_zmq_workers(tmp_path, mq2008_dir):
     assert rep["messages"]["kinds"]["fpdgd.update"]["sent"] == 3 * 2 + 2 * 2
 
 
-def test_the_central_server_learns_through_the_pdgd_learner():
-    """One step of lr * scale on the summed gradients of the logged interactions."""
+@pytest.mark.parametrize("ranker", [None, {"kind": "mlp", "hidden": [4]}])
+def test_the_central_server_learns_through_the_pdgd_learner(ranker):
+    """One step of lr * scale on the summed gradients of the logged interactions (a linear
+    ranker in the compiled call, an MLP one interaction at a time)."""
     from foltr_async.ltr.pdgd import pdgd_gradient
     from tests.test_pdgd_batch import make_ctx, make_queryset
 
-    ctx = make_ctx(make_queryset(3), 3, lr=0.5)
+    ctx = make_ctx(make_queryset(3), 3, ranker, lr=0.5)
     learner = PDGDLearner(ctx, np.arange(4), np.random.default_rng(0), "server", lr=0.5)
     train = ctx.data.train
     rng = np.random.default_rng(1)
-    logged = []
-    for q in (3, 4, 5, 6):  # 5 to 11 documents each
-        features = train.features[train.doc_range(q)]
-        ranking = rng.permutation(len(features))[:5]
-        logged.append((features, ranking, rng.random(len(ranking)) < 0.4))
+    queries = np.array([3, 4, 5, 6])  # 5 to 11 documents each
+    rankings = np.full((4, 10), -1)
+    clicks = np.zeros((4, 10), dtype=bool)
+    for t, q in enumerate(queries):
+        rankings[t, :5] = rng.permutation(int(np.diff(train.qptr)[q]))[:5]
+        clicks[t, :5] = rng.random(5) < 0.4
     start = np.linspace(-0.1, 0.1, learner.ranker.n_params)
     learner.ranker.set_params(start)
-    total = sum(
-        pdgd_gradient(learner.ranker, f, r, c, learner.ranker.score(f)) for f, r, c in logged
-    )
-    theta, seen = learner.learn_logged(start, logged, scale=0.25)
-    assert seen == 4
-    np.testing.assert_allclose(theta, start + 0.5 * 0.25 * total)
+    total = 0.0
+    for q, r, c in zip(queries, rankings, clicks, strict=True):
+        f = train.features[train.doc_range(q)]
+        total = total + pdgd_gradient(learner.ranker, f, r[:5], c[:5], learner.ranker.score(f))
+    theta = learner.learn_logged(start, train, queries, rankings, clicks, scale=0.25)
+    np.testing.assert_allclose(theta, start + 0.5 * 0.25 * total, rtol=1e-12, atol=1e-15)
 
 
 def test_the_attack_switch_reaches_attackers_and_nobody_else(tmp_path, mq2008_dir):

@@ -360,3 +360,68 @@ def test_compute_time_delays_replies_in_simulated_time(mq2008_dir, monkeypatch):
     for r in (batched, one_by_one, mlp):
         assert r["sim_s"] == pytest.approx(base["sim_s"] + extra)
     assert batched["offline"] == base["offline"]
+
+
+def logged_round(train: QuerySet, weights: np.ndarray, n: int, seed: int):
+    """``n`` interactions as centralised PDGD's clients log them: rankings sampled from
+    ``weights``' scores, cascade clicks, -1 padding lists shorter than 10."""
+    from foltr_async.ltr.pdgd import sample_ranking
+
+    rng = np.random.default_rng(seed)
+    model = cascade("informational", 3)
+    sizes = np.diff(train.qptr)
+    queries = rng.choice(np.flatnonzero(sizes > 0), n)
+    rankings = np.full((n, 10), -1)
+    clicks = np.zeros((n, 10), dtype=bool)
+    for t, q in enumerate(queries):
+        features = train.features[train.doc_range(q)]
+        ranking = sample_ranking(features @ weights, 10, rng)
+        rankings[t, : ranking.size] = ranking
+        clicks[t, : ranking.size] = model.simulate(train.labels[train.doc_range(q)][ranking], rng)
+    return queries, rankings, clicks
+
+
+@pytest.mark.parametrize("every", [0, 1, 3])
+def test_logged_pdgd_equals_the_one_query_at_a_time_reference(every):
+    """Centralised PDGD's server step in one compiled call is the per-interaction numpy PDGD
+    (``pdgd.pdgd_gradient``: BLAS scores, numpy pair weights) up to float rounding, whatever the
+    step schedule; no-click and short lists included."""
+    from foltr_async.ltr.pdgd import pdgd_gradient
+    from foltr_async.ltr.rankers import LinearRanker
+
+    train = make_queryset(3)
+    start = np.random.default_rng(2).normal(size=N_FEATURES)
+    queries, rankings, clicks = logged_round(train, start, 60, 3)
+    assert (~clicks.any(axis=1)).any() and (rankings < 0).any()
+    ranker = LinearRanker(N_FEATURES)
+    ranker.set_params(start)
+    pending = np.zeros(N_FEATURES)
+    for t, (q, r, c) in enumerate(zip(queries, rankings, clicks, strict=True), 1):
+        f = train.features[train.doc_range(q)]
+        pending += pdgd_gradient(ranker, f, r[r >= 0], c[r >= 0], ranker.score(f))
+        if every and t % every == 0:
+            ranker.set_params(ranker.get_params() + 0.1 * pending)
+            pending[:] = 0.0
+    expected = ranker.get_params() + 0.1 * 0.5 * pending
+    got = pdgd_batch.learn_logged_linear(train, start, queries, rankings, clicks, 0.1, every, 0.5)
+    assert not np.array_equal(got, start)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_logged_pdgd_rejects_logs_outside_their_queries():
+    """Offsets beyond a query's documents, or -1 before a shown one, never reach the kernel
+    (which does not check bounds)."""
+    train = make_queryset(3)
+    queries, rankings, clicks = logged_round(train, np.zeros(N_FEATURES), 4, 0)
+    w = np.zeros(N_FEATURES)
+    for bad in (np.diff(train.qptr)[queries[0]], -2):
+        wrong = rankings.copy()
+        wrong[0, 0] = bad
+        with pytest.raises(ValueError, match="offsets in their query"):
+            pdgd_batch.learn_logged_linear(train, w, queries, wrong, clicks, 0.1)
+    gap = rankings.copy()
+    gap[0, 0] = -1
+    with pytest.raises(ValueError, match="-1 only at the end"):
+        pdgd_batch.learn_logged_linear(train, w, queries, gap, clicks, 0.1)
+    with pytest.raises(ValueError, match="queries must be in"):
+        pdgd_batch.learn_logged_linear(train, w, queries + train.n_queries, rankings, clicks, 0.1)

@@ -264,10 +264,15 @@ def run_small() -> np.ndarray:
 
 
 def test_prepare_loads_what_real_data_calls():
-    from foltr_async.ltr.pdgd_batch import prepare
+    from foltr_async.ltr.pdgd_batch import learn_logged_linear, prepare
 
     prepare()
-    kernels = (pdgd_kernel.train_linear, pdgd_kernel.step, pdgd_kernel.draw)
+    kernels = (
+        pdgd_kernel.train_linear,
+        pdgd_kernel.step,
+        pdgd_kernel.draw,
+        pdgd_kernel.logged_linear,
+    )
     compiled = [len(f.signatures) for f in kernels]
     train = make_queryset(3)  # float32 features and int8 labels, as the loaders make
     job = PDGDJob(
@@ -279,6 +284,9 @@ def test_prepare_loads_what_real_data_calls():
         0.1,
     )
     train_linear_batch(train, [job])
+    shown = np.array([[1, 0, 2, -1], [0, -1, -1, -1]])
+    lr, every, scale = 0.1, 0, 0.5  # as centralised PDGD's server passes them
+    learn_logged_linear(train, job.weights, np.array([3, 4]), shown, shown == 0, lr, every, scale)
     assert [len(f.signatures) for f in kernels] == compiled
 
 

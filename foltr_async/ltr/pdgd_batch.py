@@ -58,6 +58,7 @@ __all__ = [
     "BatchResult",
     "PDGDJob",
     "compiled_pair_weights",
+    "learn_logged_linear",
     "prepare",
     "train_linear_batch",
     "train_mlp_batch",
@@ -278,6 +279,49 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
     return BatchResult(w, query, shown)
 
 
+def learn_logged_linear(
+    train: QuerySet,
+    weights: np.ndarray,
+    queries: np.ndarray,
+    rankings: np.ndarray,
+    clicks: np.ndarray,
+    lr: float,
+    every: int = 0,
+    scale: float = 1.0,
+) -> np.ndarray:
+    """PDGD of a linear ranker from interactions other users had, in one compiled call (the
+    protocols' ``PDGDLearner.learn_logged``, centralised PDGD's server): query ``queries[t]``
+    of ``train`` showed the documents ``rankings[t]`` (offsets in the query, -1 padding the
+    end) with ``clicks[t]``. Their gradients at the current weights are summed and a step of
+    ``lr`` times the sum taken every ``every`` interactions, the remainder's scaled by
+    ``scale`` at the end (``every`` 0: one step on all of them). Returns the new weights, which
+    equal the one-query-at-a-time ``pdgd_gradient`` sums up to float rounding (the kernel's
+    scores and pair weights, module doc)."""
+    queries = np.ascontiguousarray(queries, dtype=np.int64)
+    rankings = np.ascontiguousarray(rankings, dtype=np.int64)
+    clicks = np.ascontiguousarray(clicks, dtype=np.bool_)
+    n = len(queries)
+    if rankings.ndim != 2 or len(rankings) != n or clicks.shape != rankings.shape:
+        raise ValueError(
+            f"logged rankings and clicks must be {n} x K alike, got {rankings.shape} and "
+            f"{clicks.shape}"
+        )
+    if n and not (queries.min() >= 0 and queries.max() < train.n_queries):
+        raise ValueError(f"logged queries must be in 0..{train.n_queries - 1}")
+    sizes = np.diff(train.qptr)[queries]
+    padded = rankings < 0
+    bad = (rankings < -1) | (rankings >= sizes[:, None])
+    bad[:, :-1] |= padded[:, :-1] & ~padded[:, 1:]  # a shown document after the padding
+    if bad.any():
+        raise ValueError("logged rankings must be offsets in their query, -1 only at the end")
+    from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
+
+    w = np.array(weights, dtype=np.float64)
+    qptr = np.asarray(train.qptr, dtype=np.int64)
+    pdgd_kernel.logged_linear(qptr, queries, rankings, clicks, train.features, w, lr, every, scale)
+    return w
+
+
 def compiled_pair_weights(
     scores: np.ndarray, ranking: np.ndarray, clicks: np.ndarray
 ) -> np.ndarray:
@@ -300,7 +344,7 @@ def prepare() -> None:
     For real-time runs (ZeroMQ workers), whose first round has a wall-clock deadline: numba's
     import and cache load take ~0.5 CPU s. Uses a float32 / int8 set like the loaders make, so
     the functions loaded are the ones real data calls: the serial kernels, and the parallel
-    ones too when more than one thread is in force.
+    ones too when more than one thread is in force, and the logged-interaction one.
     """
     from foltr_async.ltr.pdgd_kernel import PARALLEL_FROM
 
@@ -317,3 +361,5 @@ def prepare() -> None:
         train_linear_batch(tiny, [job, job])
         job.weights = np.zeros(2 * 2 + 2 * 2)
         train_mlp_batch(tiny, [job, job], 2)
+    shown = np.array([[2, 0, -1]])
+    learn_logged_linear(tiny, np.zeros(2), np.array([0]), shown, shown == 2, 0.1)

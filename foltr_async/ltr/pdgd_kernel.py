@@ -66,6 +66,7 @@ __all__ = [
     "PARALLEL_FROM",
     "draw",
     "generator_pointers",
+    "logged_linear",
     "pair_weights",
     "step",
     "train_linear",
@@ -725,3 +726,51 @@ def _step_serial(
         s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
         ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
     )  # fmt: skip
+
+
+@_jit
+def logged_linear(qptr, queries, rankings, clicks, features, w, lr, every, scale):
+    """PDGD of a linear ranker from logged interactions (centralised PDGD's server): for each
+    ``t``, query ``queries[t]`` showed documents ``rankings[t]`` (offsets in the query, ``-1``
+    pads the end) with ``clicks[t]``. Each one's gradient at the current weights ``w`` (updated
+    in place) is summed; every ``every`` interactions ``w += lr * sum`` (0: never), and the
+    remainder's ``w += lr * scale * sum`` at the end. Returns how many were logged."""
+    n_log, k = rankings.shape
+    n_par = w.size
+    max_docs = 0
+    for t in range(n_log):
+        max_docs = max(max_docs, qptr[queries[t] + 1] - qptr[queries[t]])
+    scores = np.empty(max_docs)
+    top_i = np.empty(k, dtype=np.int64)
+    clicked = np.zeros(k, dtype=np.bool_)
+    shown, log_d, coef, ratio = np.empty(k), np.empty(k), np.empty(k), np.empty((k, k))
+    is_shown = np.zeros(max_docs, dtype=np.bool_)
+    grad, pending = np.empty(n_par), np.zeros(n_par)
+    for t in range(n_log):
+        m = 0
+        last_click = -1
+        while m < k and rankings[t, m] >= 0:
+            top_i[m] = rankings[t, m]
+            clicked[m] = clicks[t, m]
+            if clicked[m]:
+                last_click = m
+            m += 1
+        if last_click >= 0:
+            first = qptr[queries[t]]
+            n = qptr[queries[t] + 1] - first
+            _linear_scores(features, first, n, w, scores, 0)
+            for i in range(m):
+                shown[i] = scores[top_i[i]]
+            log_rest = _log_rest(scores, 0, n, top_i, m, is_shown)
+            _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef)
+            _linear_grad(grad, coef, top_i, m, features, first)
+            for f in range(n_par):
+                pending[f] += grad[f]
+        if every > 0 and (t + 1) % every == 0:
+            for f in range(n_par):
+                w[f] = w[f] + lr * pending[f]
+                pending[f] = 0.0
+    step = lr * scale
+    for f in range(n_par):
+        w[f] = w[f] + step * pending[f]
+    return n_log
