@@ -477,12 +477,18 @@ class ProtocolRun(Checkpointed, ABC):
         """The lifecycle state ``action`` leaves an agent in (None: unchanged)."""
         return LIFECYCLE[action] if action in LIFECYCLE else cls.actions.get(action)
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A protocol that declares its own actions carries them out: refused when defined,
+        not when a timeline first reaches one."""
+        super().__init_subclass__(**kwargs)
+        if cls.actions and cls.act is ProtocolRun.act:
+            raise TypeError(f"{cls.__name__} declares actions {sorted(cls.actions)} but no act()")
+
     async def act(self, agent: Agent, action: str) -> None:
         """A timeline action beyond the lifecycle on an agent of this process: one of
-        ``actions`` (a subclass carries them out), or ``attack_start`` / ``attack_stop``,
-        which go to the agent's ``on_attack(start)`` (``Agent``'s default ignores them)."""
-        if action not in ("attack_start", "attack_stop"):  # a subclass declared but missed it
-            raise NotImplementedError(f"{type(self).__name__}.act: action {action!r}")
+        ``actions`` (a subclass's ``act`` carries them out), or ``attack_start`` /
+        ``attack_stop``, which go to the agent's ``on_attack(start)`` (``Agent``'s default
+        ignores them)."""
         agent.on_attack(action == "attack_start")
 
     async def finish(self, server: ServerAgent, reports: list[RoundReport]) -> None:

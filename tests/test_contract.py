@@ -173,3 +173,10 @@ timeline = [{{ round = 1, action = "attack_start", agents = ["clients"] }}]
     assert curve("woken")[0] == curve("dormant")[0]  # round 2: still honest
     assert curve("woken")[1] != curve("dormant")[1]  # round 4: reversed updates since round 3
     assert curve("honest-switched") == curve("v")
+
+
+def test_a_protocol_declaring_actions_without_act_is_refused_when_defined():
+    from foltr_async.contract import ProtocolRun
+
+    with pytest.raises(TypeError, match=r"Forgetful declares actions \['retire'\] but no act"):
+        type("Forgetful", (ProtocolRun,), {"actions": {"retire": "left"}})
