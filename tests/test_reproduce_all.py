@@ -45,8 +45,13 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
     planned = {line.split()[0] for line in lines}
     for f in (ROOT / "reproduce").glob("*.toml"):
         assert any(name == f.stem or name.startswith(f.stem + "-") for name in planned), f.name
-    dp = [line for line in lines if line.startswith("fpdgd_dp-")]
-    assert len(dp) == 3 and all("--set clicks.model=" in line for line in dp)
+    # the seeds report these studies for every click model (thesis §3.1, §5.4, §6.2)
+    models = ("perfect", "navigational", "informational")
+    studies = ("fpdgd_dp", "unlearning", "data_poisoning", "model_poisoning")
+    for study in (*studies, "defense_no_attack", "foltres", "foltres_clients"):
+        names = {f"{study}-{m}" for m in models}
+        runs = [line for line in lines if line.split()[0] in names]
+        assert len(runs) == 3 and all("--set clicks.model=" in line for line in runs), study
     assert all("to run" in line for line in lines)
     mslr = [line for line in lines if line.startswith("fpdgd_vs_foltres-mslr-like-")]
     assert len(mslr) == 3 and all("--set dataset.profile=mslr-like" in line for line in mslr)
