@@ -137,7 +137,9 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
 
 def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_own_cpu(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY)
-    (tmp_path / "long.toml").write_text(TINY.replace("rounds = 4", "rounds = 60"))
+    # long enough that its CPU stands clear of the start-up's (~5 s, varying by ~1 s under load)
+    long = TINY.replace("rounds = 4", "rounds = 1000").replace("every = 2", "every = 500")
+    (tmp_path / "long.toml").write_text(long)
     (tmp_path / "plan.toml").write_text(
         '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect", "navigational"]\n'
         '[[run]]\nfile = "long.toml"\n'
@@ -155,7 +157,7 @@ def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_ow
     assert sorted(r["run"] for r in records) == ["long", "tiny-navigational", "tiny-perfect"]
     cpu = {r["run"]: r["cpu_s"] for r in records}
     assert all(r["exit_code"] == 0 and r["wall_s"] > 0 for r in records)
-    # each run's own process tree: the 60-round run costs more than a 4-round one
+    # each run's own process tree: the 1000-round run costs more than a 4-round one
     assert cpu["long"] > cpu["tiny-perfect"] > 0
     for name in cpu:
         assert json.loads((out / name / "results.json").read_text())["complete"] is True
