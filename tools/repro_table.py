@@ -9,6 +9,11 @@ against re-training from scratch; ``--metric NAME`` adds another final offline m
 column (e.g. FedIPS's ndcg@5, FedPer's ndcg@10_personal); CS-F-LTR runs add a table of the
 reverse top-K's cover rate and query time. ``--conclusions`` adds the unlearning sentences of
 the current code (``foltr_async.experiment.conclusions``).
+
+Given several runs of one file (e.g. one per click model), prints one table instead: per
+variant its paired difference to each run's reference with the Holm p, a column per run:
+
+    python tools/repro_table.py results/reproduce/data_poisoning-{perfect,navigational}
 """
 
 from __future__ import annotations
@@ -117,9 +122,39 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
     return out + "\n"
 
 
+def _label(path: Path) -> str:
+    """A run's column title: its output folder's name."""
+    return (path.parent if path.name == "results.json" else path).name
+
+
+def delta_table(runs: list[tuple[str, dict]], only: list[str]) -> str:
+    """One row per variant of the first run: Δ nDCG@10 against each run's own reference (Holm
+    p), a column per run; the reference row gives each run's reference level."""
+    head = "| variant | " + " | ".join(f"{label}: Δ (Holm p)" for label, _ in runs) + " |"
+    rows = [head, "|---|" + "---|" * len(runs)]
+    comps = [{c["variant"]: c for c in r.get("comparisons", [])} for _, r in runs]
+    for name in runs[0][1]["variants"]:
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        cells = []
+        for (_, r), comp in zip(runs, comps, strict=True):
+            c = comp.get(name, {})
+            if name == r.get("reference"):
+                level = r["variants"][name]["summary"]["final"].get("ndcg@10", {})
+                cells.append(f"reference {level.get('mean', float('nan')):.4f}")
+            elif c.get("diff_mean") is not None:
+                cells.append(f"{c['diff_mean']:+.4f} ({_p(c.get('p_holm'))})")
+            else:
+                cells.append("–")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path, help="a run's results.json, or its output folder")
+    ap.add_argument(
+        "results", type=Path, nargs="+", help="a run's results.json, or its output folder"
+    )
     ap.add_argument("--only", action="append", default=[], help="variant name prefix")
     ap.add_argument("--conclusions", action="store_true", help="also the unlearning sentences")
     ap.add_argument(
@@ -130,9 +165,13 @@ def main() -> None:
     )
     args = ap.parse_args()
     try:
-        results = load_results(args.results)
+        runs = [(_label(path), load_results(path)) for path in args.results]
     except FoltrError as exc:
         sys.exit(f"repro_table: {exc}")
+    if len(runs) > 1:
+        print(delta_table(runs, args.only), end="")
+        return
+    results = runs[0][1]
     print(table(results, args.only, args.metric), end="")
     cs = csfltr_table(results, args.only)
     if cs:

@@ -1,0 +1,61 @@
+"""tools/repro_table.py: one run's table, and several runs of one file side by side (one
+column of paired differences per run, each against its own reference)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foltr_async.cli import main
+from tests.test_parallel import SCENARIO
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "repro_table.py"
+
+
+def table(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """The same scenario once per click model, as the reproduction plan runs it."""
+    root = tmp_path_factory.mktemp("table")
+    scenario = root / "s.toml"
+    scenario.write_text(SCENARIO)
+    for model in ("perfect", "informational"):
+        argv = [str(scenario), "--out", str(root / model), "--quiet"]
+        assert main([*argv, "--set", f"clicks.model={model}"]) == 0
+    return root
+
+
+def test_one_run_gives_its_table(runs):
+    out = table(str(runs / "perfect"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("| variant | nDCG@10 |") and "| reference |" in out.stdout
+
+
+def test_runs_side_by_side_give_each_difference_against_its_own_reference(runs):
+    out = table(str(runs / "perfect"), str(runs / "informational" / "results.json"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "| variant | perfect: Δ (Holm p) | informational: Δ (Holm p) |"
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
+    for col, model in enumerate(("perfect", "informational")):
+        res = json.loads((runs / model / "results.json").read_text())
+        ref = res["reference"]
+        level = res["variants"][ref]["summary"]["final"]["ndcg@10"]["mean"]
+        assert rows[ref][col].rstrip(" |") == f"reference {level:.4f}"
+        for c in res["comparisons"]:
+            cell = rows[c["variant"]][col].rstrip(" |")
+            assert cell == f"{c['diff_mean']:+.4f} ({c['p_holm']:.2g})"
+    assert len(rows) == len(res["variants"])
+
+
+def test_a_missing_run_is_one_line_and_a_non_zero_exit(runs):
+    out = table(str(runs / "perfect"), str(runs / "nowhere"))
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0 and "nowhere" in out.stderr
