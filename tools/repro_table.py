@@ -169,6 +169,8 @@ def main() -> None:
     except FoltrError as exc:
         sys.exit(f"repro_table: {exc}")
     if len(runs) > 1:
+        if args.metric or args.conclusions:
+            sys.exit("repro_table: --metric and --conclusions take one run, not several")
         print(delta_table(runs, args.only), end="")
         return
     results = runs[0][1]
