@@ -80,8 +80,13 @@ def csfltr_table(results: dict, only: list[str]) -> str:
     return "\n".join(rows) + "\n" if len(rows) > 2 else ""
 
 
+def _comparisons(results: dict) -> dict[str, dict]:
+    """A run's paired comparisons with its reference, by variant."""
+    return {c["variant"]: c for c in results.get("comparisons", [])}
+
+
 def table(results: dict, only: list[str], extra: list[str] | None = None) -> str:
-    comps = {c["variant"]: c for c in results.get("comparisons", [])}
+    comps = _comparisons(results)
     extra = extra or []
     rows = [
         "| variant | nDCG@10 | MaxRR@10 | "
@@ -132,7 +137,7 @@ def delta_table(runs: list[tuple[str, dict]], only: list[str]) -> str:
     p), a column per run; the reference row gives each run's reference level."""
     head = "| variant | " + " | ".join(f"{label}: Δ (Holm p)" for label, _ in runs) + " |"
     rows = [head, "|---|" + "---|" * len(runs)]
-    comps = [{c["variant"]: c for c in r.get("comparisons", [])} for _, r in runs]
+    comps = [_comparisons(r) for _, r in runs]
     for name in runs[0][1]["variants"]:
         if only and not any(name.startswith(o) for o in only):
             continue
