@@ -1,6 +1,7 @@
 """tools/reproduce_all.py: the plan covers the reproduce/ folder, runs resume, failures are kept."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,14 @@ federation.params = { dp = true, epsilon = 4.5, sensitivity = 5.0 }
 """
 
 
-def tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def tool(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(TOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, str(TOOL), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -149,7 +155,8 @@ def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_ow
     # an earlier night's records: the long run took the most CPU, tiny-perfect none recorded
     earlier = [{"run": "long", "cpu_s": 90.0}, {"run": "tiny-navigational", "cpu_s": 3.0}]
     (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
-    ran = tool("--plan-file", "plan.toml", "--out", "out", "--runs", "2", cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "FOLTR_ASYNC_THREADS"}
+    ran = tool("--plan-file", "plan.toml", "--out", "out", "--runs", "2", cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     started = [line.split()[1].rstrip(":") for line in ran.stdout.splitlines() if "running" in line]
     assert started == ["long", "tiny-navigational", "tiny-perfect"]
@@ -159,5 +166,24 @@ def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_ow
     assert all(r["exit_code"] == 0 and r["wall_s"] > 0 for r in records)
     # each run's own process tree: the 1000-round run costs more than a 4-round one
     assert cpu["long"] > cpu["tiny-perfect"] > 0
+    # two runs at once share the cores: each process's kernel gets half of them
+    shared = max(1, len(os.sched_getaffinity(0)) // 2)
     for name in cpu:
-        assert json.loads((out / name / "results.json").read_text())["complete"] is True
+        result = json.loads((out / name / "results.json").read_text())
+        assert result["complete"] is True
+        assert result["environment"]["threads"] == shared
+    assert all(r["threads"] == shared for r in records)
+
+
+def test_the_users_thread_count_wins_and_a_bad_one_is_one_line(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "plan.toml").write_text('[[run]]\nfile = "tiny.toml"\n')
+    env = {**os.environ, "FOLTR_ASYNC_THREADS": "3"}
+    ran = tool("--plan-file", "plan.toml", "--out", "out", "--runs", "2", cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    result = json.loads((tmp_path / "out" / "tiny" / "results.json").read_text())
+    assert result["environment"]["threads"] == 3
+    env["FOLTR_ASYNC_THREADS"] = "many"
+    bad = tool("--plan-file", "plan.toml", "--out", "out2", cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "FOLTR_ASYNC_THREADS" in bad.stderr and not (tmp_path / "out2").exists()
