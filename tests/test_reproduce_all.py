@@ -51,10 +51,11 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
     planned = {line.split()[0] for line in lines}
     for f in (ROOT / "reproduce").glob("*.toml"):
         assert any(name == f.stem or name.startswith(f.stem + "-") for name in planned), f.name
-    # the seeds report these studies for every click model (thesis §3.1, §5.4, §6.2)
+    # the seeds report these studies for every click model (thesis §3.1, §5.4, §6.2; FPDGD
+    # paper Figures 5-6)
     models = ("perfect", "navigational", "informational")
     studies = ("fpdgd_dp", "unlearning", "data_poisoning", "model_poisoning")
-    for study in (*studies, "defense_no_attack", "foltres", "foltres_clients"):
+    for study in (*studies, "defense_no_attack", "foltres", "foltres_clients", "fpdgd_batch_dp"):
         names = {f"{study}-{m}" for m in models}
         runs = [line for line in lines if line.split()[0] in names]
         assert len(runs) == 3 and all("--set clicks.model=" in line for line in runs), study
