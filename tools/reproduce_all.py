@@ -144,8 +144,8 @@ class Started:
 def kernel_threads(runs: int, jobs: int) -> int:
     """The PDGD kernel's threads per process when ``runs`` runs of ``jobs`` processes share
     the cores: the user's ``FOLTR_ASYNC_THREADS``, else the cores split between them (at least
-    one). Results never depend on it; the CPU time does: on 2 cores with two runs going, a
-    10-client round's kernel on 2 threads per process took 1.55 CPU ms against 1.16 on one."""
+    one). Results never depend on it; the CPU time does: on 2 cores with two other runs going,
+    a 10-client round took 1.55 CPU ms with 2 kernel threads and 1.16 with one."""
     if os.environ.get(threads.ENV):
         return threads.threads()  # a bad value fails here in one line
     return max(1, threads.cores() // (runs * jobs))
