@@ -10,7 +10,6 @@ took part (results are kept); 130 interrupted (results written so far are kept).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 from datetime import datetime
@@ -195,12 +194,12 @@ def _add_threads(p: argparse.ArgumentParser, default: str) -> None:
 def _apply_threads(value: str | None, processes: int = 1) -> None:
     """``--threads`` for this process and the ones it starts; without it, ``processes`` local
     processes share the cores. A bad value (or FOLTR_ASYNC_THREADS) fails here in one line."""
-    from foltr_async.ltr.threads import ENV, cores, set_threads, threads
+    from foltr_async.ltr.threads import per_process, set_threads, threads
 
     if value is not None:
         set_threads(value, children=True)
-    elif processes > 1 and not os.environ.get(ENV):
-        set_threads(max(1, cores() // processes), children=True)
+    elif processes > 1:
+        set_threads(per_process(processes), children=True)
     threads()
 
 

@@ -141,16 +141,6 @@ class Started:
     start: float
 
 
-def kernel_threads(runs: int, jobs: int) -> int:
-    """The PDGD kernel's threads per process when ``runs`` runs of ``jobs`` processes share
-    the cores: the user's ``FOLTR_ASYNC_THREADS``, else the cores split between them (at least
-    one). Results never depend on it; the CPU time does: on 2 cores with two other runs going,
-    a 10-client round took 1.55 CPU ms with 2 kernel threads and 1.16 with one."""
-    if os.environ.get(threads.ENV):
-        return threads.threads()  # a bad value fails here in one line
-    return max(1, threads.cores() // (runs * jobs))
-
-
 def start(run: Run, out: Path, jobs: int, extra: list[str], n_threads: int) -> Started:
     """One run through the command line (its kernel on ``n_threads`` threads per process), its
     output to a log file."""
@@ -262,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd = " ".join(run.command(args.out / run.name, args.jobs, args.set)[1:])
             print(f"{run.name:34} {'done  ' if done else 'to run'}  python {cmd}")
         return 0
-    try:
-        n_threads = kernel_threads(args.runs, args.jobs)
+    try:  # the processes going at once share the cores (results never depend on it; the CPU
+        # does: on 2 cores beside two other runs a 10-client round took 1.55 CPU ms with 2
+        # kernel threads and 1.16 with one)
+        n_threads = threads.per_process(args.runs * args.jobs)
     except FoltrError as e:
         fail(str(e))
     args.out.mkdir(parents=True, exist_ok=True)

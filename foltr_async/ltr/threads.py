@@ -11,7 +11,7 @@ import os
 
 from foltr_async.errors import FoltrError
 
-__all__ = ["ENV", "cores", "facts", "layer", "set_threads", "threads"]
+__all__ = ["ENV", "cores", "facts", "layer", "per_process", "set_threads", "threads"]
 
 #: environment variable with the default thread count (the CLI's ``--threads`` overrides it)
 ENV = "FOLTR_ASYNC_THREADS"
@@ -53,6 +53,13 @@ def threads() -> int:
         return _chosen
     env = os.environ.get(ENV)
     return _parse(env, ENV) if env else cores()
+
+
+def per_process(processes: int) -> int:
+    """Threads for each of ``processes`` local processes sharing the cores: ``FOLTR_ASYNC_THREADS``
+    when set (a bad value fails in one line), else the cores split between them (at least one)."""
+    env = os.environ.get(ENV)
+    return _parse(env, ENV) if env else max(1, cores() // processes)
 
 
 def layer() -> str:
