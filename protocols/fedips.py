@@ -42,9 +42,11 @@ global model are what the estimators change.
 Simulator shortcuts (documented, not hidden): f0's top-k table over the training queries is
 computed once and shared read-only (every client holds f0 and would compute the same table);
 local SGD runs on one scratch ranker per run (training is synchronous inside a handler, so it is
-compute, not state shared between agents). A client keeps only its id, generator, gamma_user and
-a reference to the shared query pool, so a 62,500-client federation fits in memory; the round's
-participants are sampled by ``federation.participation``.
+compute, not state shared between agents), or, for a linear ranker learning from clicks, in one
+compiled call per client (``ltr/ips_kernel.py``, equal up to float rounding). A client keeps only
+its id, generator, gamma_user (and its k propensities) and a reference to the shared query pool,
+so a 62,500-client federation fits in memory; the round's participants are sampled by
+``federation.participation``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
-from foltr_async.ltr.rankers import Ranker
+from foltr_async.ltr.rankers import LinearRanker, Ranker
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Kind, Opt
@@ -179,7 +181,11 @@ def m_clicks(rng: np.random.Generator, prob: np.ndarray, m: int) -> np.ndarray:
     total = flat.sum()
     if total <= 0.0:
         return np.zeros(np.shape(prob), dtype=np.int64)
-    slots = rng.choice(flat.size, size=m, p=flat / total)
+    # rng.choice(flat.size, size=m, p=flat / total) without its argument checks (a third of a
+    # FedIPS client's round): the same cdf, uniforms and search, so the same slots
+    cdf = np.cumsum(flat / total)
+    cdf /= cdf[-1]
+    slots = np.searchsorted(cdf, rng.random(m), side="right")
     return np.bincount(slots, minlength=flat.size).reshape(np.shape(prob))
 
 
@@ -369,6 +375,7 @@ class FedIPSClient(Agent):
         self.rng = rng
         p = run.ctx.params
         self.gamma_user = truncated_normal(rng, p.gamma, p.gamma_sd)
+        self.exam = examination(self.gamma_user, run.k)  # its users' true propensities
         self.batch = run.ctx.batch_of(agent_id)
         self.round = 0
 
@@ -377,7 +384,7 @@ class FedIPSClient(Agent):
         or (``clicks = m``) m clicks spread over the slots, as counts per slot."""
         run, rng = self.proto, self.rng
         qs = self.queries[rng.integers(len(self.queries), size=self.batch)]
-        prob = examination(self.gamma_user, run.k) * run.logging.click_factor[qs]
+        prob = self.exam * run.logging.click_factor[qs]
         if run.m_clicks:
             clicks = m_clicks(rng, prob, run.m_clicks)
         else:
@@ -392,7 +399,7 @@ class FedIPSClient(Agent):
         if run.estimator == "naive":
             return np.ones(run.k)
         if run.propensity == "oracle":
-            return examination(self.gamma_user, run.k)
+            return self.exam
         if run.propensity == "global":
             return examination(run.gamma, run.k)
         return relative_propensity(estimate)
@@ -402,6 +409,12 @@ class FedIPSClient(Agent):
     ) -> np.ndarray:
         run = self.proto
         train, table, ranker = run.ctx.data.train, run.logging.table, run.scratch
+        if run.compiled:
+            w = run.compiled(
+                start.copy(), train.features, train.qptr, table, qs,
+                clicks.astype(np.int64), prop, run.lr_local, run.local_epochs,
+            )  # fmt: skip
+            return w - start
         ranker.set_params(start)
         lr = run.lr_local
         for _ in range(run.local_epochs):
@@ -509,6 +522,13 @@ class FedIPS(ProtocolRun):
         self.relevant = np.array(sorted(make_click_model("pbm", ctx.data.n_grades).relevant))
         self.logging = ctx.shared("fedips.logging", lambda: Logging(ctx, self.relevant, self.noise))
         self.scratch = ctx.shared("fedips.scratch", ctx.new_ranker)
+        #: a linear ranker's click-loss SGD in one compiled call per client (equal to the numpy
+        #: path up to float rounding; ~10x cheaper on MQ-sized queries)
+        self.compiled = None
+        if type(self.scratch) is LinearRanker and self.estimator != "full_info":
+            from foltr_async.ltr.ips_kernel import hinge_sgd_linear
+
+            self.compiled = hinge_sgd_linear
         self.strategy = FedIPSStrategy(self)
 
     def metrics(self, ranker: Ranker) -> dict[str, float]:

@@ -10,6 +10,7 @@ from foltr_async.ltr.metrics import ndcg
 from foltr_async.ltr.rankers import LinearRanker
 from foltr_async.observe.observer import Observer
 from foltr_async.protocols.fedips import (
+    FedIPSClient,
     _sigmoid,
     em_statistics,
     em_theta,
@@ -72,6 +73,20 @@ def test_m_clicks_gives_exactly_m_clicks_in_proportion_to_the_click_probabilitie
     share = draws.sum(axis=0) / draws.sum()
     np.testing.assert_allclose(share, p / p.sum(), atol=0.004)
     assert not m_clicks(rng, np.zeros((2, 5)), 10).any()
+
+
+def test_m_clicks_draws_what_rng_choice_draws():
+    """The cheaper draw is numpy's weighted choice, slot for slot and state for state."""
+    for seed in range(300):
+        r = np.random.default_rng(seed)
+        n, m = int(r.integers(1, 40)), int(r.integers(1, 30))
+        prob = r.random(n) * (r.random(n) < 0.7)
+        if prob.sum() <= 0:
+            continue
+        a, b = np.random.default_rng(seed + 1000), np.random.default_rng(seed + 1000)
+        want = np.bincount(a.choice(n, size=m, p=prob / prob.sum()), minlength=n)
+        np.testing.assert_array_equal(m_clicks(b, prob, m), want)
+        assert a.bit_generator.state == b.bit_generator.state
 
 
 def test_m_clicks_keep_ips_unbiased_within_a_round():
@@ -190,6 +205,43 @@ def test_top_k_table_lists_each_querys_best_documents(mq2008_dir):
         got = table[q][table[q] >= 0]
         np.testing.assert_array_equal(got, want)
         assert (table[q] == -1).sum() == max(0, 5 - s.size)
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+@pytest.mark.parametrize("counts", [False, True])  # Bernoulli clicks or m-click counts
+def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, counts):
+    """A linear client's round in one compiled call: the numpy path's weights up to rounding."""
+    from types import SimpleNamespace
+
+    from foltr_async.ltr.ips_kernel import hinge_sgd_linear
+
+    qs = load_letor(mq2008_dir / "train.txt")
+    rng = np.random.default_rng(7)
+    table = top_k_table(qs, rng.normal(size=qs.n_docs), 5)
+    run = SimpleNamespace(
+        ctx=SimpleNamespace(data=SimpleNamespace(train=qs)),
+        logging=SimpleNamespace(table=table),
+        scratch=LinearRanker(qs.n_features),
+        lr_local=0.05,
+        local_epochs=epochs,
+        estimator="ips",
+        compiled=None,
+    )
+    client = SimpleNamespace(proto=run)
+    moved = 0
+    for _ in range(40):
+        batch = rng.integers(qs.n_queries, size=int(rng.integers(1, 8)))
+        shown = (table[batch] >= 0) & (rng.random((batch.size, 5)) < 0.5)
+        clicks = shown * rng.integers(1, 4, size=shown.shape) if counts else shown
+        prop = examination(float(rng.uniform(0.5, 2.0)), 5)
+        start = rng.normal(size=qs.n_features) * rng.choice([0.0, 0.1, 3.0])
+        want = FedIPSClient.local_sgd(client, start, batch, clicks, prop)
+        run.compiled = hinge_sgd_linear
+        got = FedIPSClient.local_sgd(client, start, batch, clicks, prop)
+        run.compiled = None
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+        moved += bool(np.any(want))
+    assert moved > 20  # most rounds learned something
 
 
 # ------------------------------------------------------------------------------ EM

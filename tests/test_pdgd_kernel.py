@@ -181,7 +181,7 @@ def test_uncachable_functions_still_compile():
     # functions without a source file (here: exec) cannot be cached; they compile in memory
     namespace: dict = {}
     exec("def twice(x):\n    return 2 * x\n", namespace)
-    assert pdgd_kernel._jit(namespace["twice"])(21) == 42
+    assert pdgd_kernel.jit(namespace["twice"])(21) == 42
 
 
 def run_small_elsewhere(code: str = "run_small", **env: str) -> list[float]:

@@ -75,11 +75,11 @@ __all__ = [
 ]
 
 
-def _jit(fn=None, **options):
+def jit(fn=None, **options):
     """``njit(cache=True, nogil=True)``, or without the disk cache where numba finds no
-    writable place (also as ``@_jit(**options)``)."""
+    writable place (also as ``@jit(**options)``)."""
     if fn is None:
-        return lambda f: _jit(f, **options)
+        return lambda f: jit(f, **options)
     try:
         return njit(cache=True, nogil=True, error_model="numpy", **options)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available"
@@ -87,8 +87,8 @@ def _jit(fn=None, **options):
 
 
 def _parallel(fn):
-    """``_jit`` with ``prange`` loops over jobs run by numba's thread pool."""
-    return _jit(fn, parallel=True)
+    """``jit`` with ``prange`` loops over jobs run by numba's thread pool."""
+    return jit(fn, parallel=True)
 
 
 def use_threads(n_jobs: int, interactions: int) -> tuple:
@@ -162,7 +162,7 @@ def generator_pointers(rngs) -> np.ndarray:
     return out
 
 
-@_jit
+@jit
 def _bounded(fn32, state, high):
     """numpy's ``integers(high)`` for 1 < high < 2^32: Lemire's rejection on ``next_uint32``."""
     rng = np.uint32(high - 1)
@@ -177,7 +177,7 @@ def _bounded(fn32, state, high):
     return np.int64(m >> np.uint64(32))
 
 
-@_jit
+@jit
 def _layout(owned, owned_ptr, steps, sizes, k):
     """Where each job's draws go: its first Gumbel and uniform slot (``goff``, ``uoff``; room
     for ``steps[j]`` of its largest owned query, so jobs can draw at once), the longest job's
@@ -201,7 +201,7 @@ def _layout(owned, owned_ptr, steps, sizes, k):
     return goff, uoff, n_steps, max_docs
 
 
-@_jit
+@jit
 def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gumbel, uniform):
     """Job ``j``'s draws in the sequential order, from ``gptr[j, 0]`` and ``uptr[j, 0]`` on."""
     fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
@@ -227,7 +227,7 @@ def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gum
         uo += 2 * min(k, n)
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared):
     """Every job's draws in the sequential order (``draw``, inlined so its ``prange`` runs in
     the caller's thread pool).
@@ -265,13 +265,13 @@ def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
     return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
 
 
-@_jit
+@jit
 def _draw_serial(ptrs, owned, owned_ptr, steps, sizes, k, shared):
     """``_draws``, one job after the other."""
     return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
 
 
-@_jit
+@jit
 def _logaddexp(x, y):
     """numpy's ``npy_logaddexp``."""
     if x == y:
@@ -284,7 +284,7 @@ def _logaddexp(x, y):
     return tmp
 
 
-@_jit
+@jit
 def _block_sum(a, lo, n):
     """numpy's sum of at most 128 contiguous float64: in order below 8, else 8 accumulators."""
     if n < 8:
@@ -310,7 +310,7 @@ def _block_sum(a, lo, n):
     return res
 
 
-@_jit
+@jit
 def _pairwise_sum(a, n):
     """numpy's pairwise sum of ``a[:n]`` (``np.add.reduce`` of a contiguous float64 array):
     blocks of at most 128, halved at multiples of 8 above that. numpy recurses; this walks the
@@ -343,7 +343,7 @@ def _pairwise_sum(a, n):
     return done[0]
 
 
-@_jit
+@jit
 def _log_rest(scores, go, n, top_i, m, is_shown):
     """log sum of exp(score) over the query's documents not shown (``-inf`` when all are):
     scores at ``scores[go:go + n]``, the shown ones ``top_i[:m]``; ``is_shown`` (at least n,
@@ -365,7 +365,7 @@ def _log_rest(scores, go, n, top_i, m, is_shown):
     return top + np.log(total)
 
 
-@_jit
+@jit
 def _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef):
     """PDGD's weight of each of the ``m`` shown positions (``coef[:m]``) from their scores
     ``shown``, the clicks and ``log_rest`` (``_log_rest``); ``log_d`` and ``ratio`` are work
@@ -402,7 +402,7 @@ def _coefficients(shown, clicked, m, last_click, log_rest, log_d, ratio, coef):
             coef[b] -= pw
 
 
-@_jit
+@jit
 def pair_weights(scores, ranking, clicks):
     """Per-document PDGD weights of one displayed ranking, for any ranker's ``grad``: what
     ``pdgd.pair_weights`` computes, with the batched path's closed-form debiasing (equal up to
@@ -426,7 +426,7 @@ def pair_weights(scores, ranking, clicks):
     return out
 
 
-@_jit
+@jit
 def workspace(k, max_docs):
     """The step's scratch arrays for SERPs of ``k`` and queries of up to ``max_docs``
     documents: Gumbel-top-k values and documents, clicks, shown scores, log D, coefficients,
@@ -437,7 +437,7 @@ def workspace(k, max_docs):
     )  # fmt: skip
 
 
-@_jit
+@jit
 def _interact(
     j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount, ideal,
     tables, n_grades, params, ndcg, k, work,
@@ -511,7 +511,7 @@ def _interact(
     return m
 
 
-@_jit
+@jit
 def _ascend(w, j, grad, params):
     """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``), in the
     L2 norm, or the L1 norm when ``params[j, 3]`` is 1."""
@@ -530,7 +530,7 @@ def _ascend(w, j, grad, params):
             w[j, f] = w[j, f] * scale
 
 
-@_jit
+@jit
 def _linear_grad(grad, coef, top_i, m, features, first):
     """The linear ranker's gradient: the coefficient-weighted shown documents."""
     grad[:] = 0.0
@@ -542,7 +542,7 @@ def _linear_grad(grad, coef, top_i, m, features, first):
                 grad[f] += c * row[f]
 
 
-@_jit
+@jit
 def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
     """``MLPRanker.grad`` of the coefficients for one hidden layer of ``H = acts.shape[1]``
     tanh units (``acts``: the query's activations; ``wj``: ``W`` (n_features, H) row-major,
@@ -568,7 +568,7 @@ def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
                 grad[base + h] += x * dpre[h]
 
 
-@_jit
+@jit
 def _linear_scores(features, first, n, wj, out, o):
     """``out[o:o + n]`` = the scores of documents ``first .. first + n - 1``: float64 sums of
     the float32 (or float64) rows times ``wj``, four partial sums per row (so LLVM can keep
@@ -592,7 +592,7 @@ def _linear_scores(features, first, n, wj, out, o):
         out[o + i] = acc
 
 
-@_jit
+@jit
 def _chunks(n_jobs, n_threads):
     """Bounds of the job ranges a parallel loop hands out: a few per thread, so uneven jobs
     balance, each allocating its scratch arrays once (results do not depend on them)."""
@@ -603,7 +603,7 @@ def _chunks(n_jobs, n_threads):
     return bounds
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
     ideal, tables, n_grades, params, w, n_threads,
@@ -652,7 +652,7 @@ def train_linear(
     )  # fmt: skip
 
 
-@_jit
+@jit
 def _train_linear_serial(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
     ideal, tables, n_grades, params, w, n_threads,
@@ -664,7 +664,7 @@ def _train_linear_serial(
     )  # fmt: skip
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
     ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
@@ -716,7 +716,7 @@ def step(
     )  # fmt: skip
 
 
-@_jit
+@jit
 def _step_serial(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
     ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
@@ -728,7 +728,7 @@ def _step_serial(
     )  # fmt: skip
 
 
-@_jit
+@jit
 def logged_linear(qptr, queries, rankings, clicks, features, w, lr, every, scale):
     """PDGD of a linear ranker from logged interactions (centralised PDGD's server): for each
     ``t``, query ``queries[t]`` showed documents ``rankings[t]`` (offsets in the query, ``-1``

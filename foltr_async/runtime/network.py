@@ -528,7 +528,7 @@ class NetworkModel:
         state = self._own_presence if state is None else state
         roles = roles or {}
         ids = sorted(set(agent_ids))
-        servers = {a for a in ids if roles.get(a, role_of(a)) == "server"}
+        servers = {a for a in ids if (roles[a] if a in roles else role_of(a)) == "server"}
         clients = [a for a in ids if a not in servers]
         away = state.away_until
         present = np.array([away.get(a, -1) <= round for a in clients], dtype=bool)
