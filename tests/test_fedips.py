@@ -208,12 +208,15 @@ def test_top_k_table_lists_each_querys_best_documents(mq2008_dir):
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
-@pytest.mark.parametrize("counts", [False, True])  # Bernoulli clicks or m-click counts
-def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, counts):
+@pytest.mark.parametrize(
+    ("estimator", "counts"),  # Bernoulli clicks or m-click counts; LambdaRank's labels
+    [("ips", False), ("ips", True), ("full_info", False)],
+)
+def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, estimator, counts):
     """A linear client's round in one compiled call: the numpy path's weights up to rounding."""
     from types import SimpleNamespace
 
-    from foltr_async.ltr.ips_kernel import hinge_sgd_linear
+    from foltr_async.ltr import ips_kernel
 
     qs = load_letor(mq2008_dir / "train.txt")
     rng = np.random.default_rng(7)
@@ -224,7 +227,7 @@ def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, counts):
         scratch=LinearRanker(qs.n_features),
         lr_local=0.05,
         local_epochs=epochs,
-        estimator="ips",
+        estimator=estimator,
         compiled=None,
     )
     client = SimpleNamespace(proto=run)
@@ -236,7 +239,7 @@ def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, counts):
         prop = examination(float(rng.uniform(0.5, 2.0)), 5)
         start = rng.normal(size=qs.n_features) * rng.choice([0.0, 0.1, 3.0])
         want = FedIPSClient.local_sgd(client, start, batch, clicks, prop)
-        run.compiled = hinge_sgd_linear
+        run.compiled = ips_kernel
         got = FedIPSClient.local_sgd(client, start, batch, clicks, prop)
         run.compiled = None
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

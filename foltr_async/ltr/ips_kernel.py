@@ -1,12 +1,13 @@
-"""Compiled (numba) local SGD of a linear ranker on IPS-weighted hinge losses: FedIPS's client
-training (``protocols/fedips.py``), one call per client and round.
+"""Compiled (numba) local SGD of a linear ranker: FedIPS's client training
+(``protocols/fedips.py``) on IPS-weighted hinge losses, and its full-information LambdaRank
+skyline, one call per client and round.
 
-The numpy path takes ~6 calls per query (score, the margins, the gradient over the scores, the
-ranker's gradient, the step), a few microseconds each on MQ-sized queries; this is one call for
-a client's whole round. It computes the same quantities in the same sequence of steps (one
-step per query in order, ``epochs`` passes), so it equals the numpy path up to float rounding:
-scores and the gradient are summed in loop order rather than BLAS's (tests compare the two on
-random cases).
+The numpy path takes ~6 calls per query (score, the margins or lambdas, the gradient over the
+scores, the ranker's gradient, the step), a few microseconds each on MQ-sized queries; this is
+one call for a client's whole round. It computes the same quantities in the same sequence of
+steps (one step per query in order, ``epochs`` passes), so it equals the numpy path up to float
+rounding: scores and gradients are summed in loop order rather than BLAS's or numpy's pairwise
+order (tests compare the two on random rounds).
 
 Imported on first use (numba's import and the disk cache load cost ~0.4 s), as ``pdgd_kernel``.
 """
@@ -17,7 +18,18 @@ import numpy as np
 
 from foltr_async.ltr.pdgd_kernel import jit
 
-__all__ = ["hinge_sgd_linear"]
+__all__ = ["hinge_sgd_linear", "lambdarank_sgd_linear"]
+
+
+@jit
+def _scores(features, first, n, w, out):
+    """``out[:n]``: the linear scores of documents ``first .. first + n - 1`` (float64 sums)."""
+    for i in range(n):
+        row = features[first + i]
+        acc = 0.0
+        for f in range(w.size):
+            acc += np.float64(row[f]) * w[f]
+        out[i] = acc
 
 
 @jit
@@ -49,13 +61,8 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
                 continue
             first = qptr[q]
             n = qptr[q + 1] - first
-            for i in range(n):
-                row = features[first + i]
-                acc = 0.0
-                for f in range(n_feat):
-                    acc += np.float64(row[f]) * w[f]
-                scores[i] = acc
-                g[i] = 0.0
+            _scores(features, first, n, w, scores)
+            g[:n] = 0.0
             for r in range(k):
                 c = clicks[b, r]
                 d = table[q, r]
@@ -77,4 +84,69 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
                         grad[f] += np.float64(row[f]) * g[i]
             for f in range(n_feat):
                 w[f] = w[f] + -lr * grad[f]
+    return w
+
+
+@jit
+def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
+    """``w`` (float64, updated in place) after ``epochs`` passes of one LambdaRank ascent step
+    per query of ``qs`` (in the given order), as ``train_lambdarank`` and ``lambda_weights``:
+    pairs with a member in the current top ``k`` and different grades, |Delta nDCG@k| / (1 +
+    exp(s_better - s_worse)), added to the better document, taken from the worse."""
+    n_feat = w.size
+    widest = 0
+    for b in range(qs.size):
+        widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
+    s = np.empty(widest)
+    lam = np.empty(widest)
+    grad = np.empty(n_feat)
+    rank = np.empty(widest, dtype=np.int64)
+    for _ in range(epochs):
+        for b in range(qs.size):
+            q = qs[b]
+            first = qptr[q]
+            n = qptr[q + 1] - first
+            cut = min(k, n)
+            gains = np.empty(n)
+            for i in range(n):
+                gains[i] = 2.0 ** np.float64(labels[first + i]) - 1.0
+            best = np.sort(gains)
+            ideal = 0.0
+            for a in range(cut):
+                ideal += best[n - 1 - a] * (1.0 / np.log2(a + 2.0))
+            if ideal <= 0.0:
+                continue
+            _scores(features, first, n, w, s)
+            order = np.argsort(-s[:n], kind="mergesort")  # stable, as the numpy path's
+            for r in range(n):
+                rank[order[r]] = r
+            lam[:n] = 0.0
+            moved = False
+            for a in range(cut):
+                i = order[a]
+                yi = np.float64(labels[first + i])
+                di = 1.0 / np.log2(a + 2.0)
+                for j in range(n):
+                    if rank[j] <= a:
+                        continue
+                    yj = np.float64(labels[first + j])
+                    if yi == yj:
+                        continue
+                    dj = 1.0 / np.log2(rank[j] + 2.0) if rank[j] < cut else 0.0
+                    sign = 1.0 if yi > yj else -1.0
+                    delta = abs((gains[i] - gains[j]) * (di - dj))
+                    v = delta / ideal * 0.5 * (1.0 - np.tanh(0.5 * sign * (s[i] - s[j])))
+                    lam[i] += v * sign
+                    lam[j] -= v * sign
+                    moved = moved or v != 0.0
+            if not moved:
+                continue
+            grad[:] = 0.0
+            for i in range(n):
+                if lam[i] != 0.0:
+                    row = features[first + i]
+                    for f in range(n_feat):
+                        grad[f] += np.float64(row[f]) * lam[i]
+            for f in range(n_feat):
+                w[f] = w[f] + lr * grad[f]
     return w
