@@ -306,15 +306,12 @@ def fit_relevance(
     w_rel: np.ndarray, features: np.ndarray, targets: np.ndarray, steps: int, lr: float
 ) -> np.ndarray:
     """The relevance half of the M-step: ``steps`` gradient ascent steps of the mean soft-label
-    log-likelihood of sigmoid(w . x + b) on ``targets`` (a client's share of the M-step)."""
-    x = np.asarray(features, dtype=np.float64)
+    log-likelihood of sigmoid(w . x + b) on ``targets`` (a client's share of the M-step),
+    compiled: ~20 numpy calls a step cost ~0.2-0.4 ms a client."""
+    from foltr_async.ltr.ips_kernel import logistic_ascent
+
     w = np.array(w_rel, dtype=np.float64)
-    n = max(len(targets), 1)
-    for _ in range(steps):
-        r = targets - _sigmoid(x @ w[:-1] + w[-1])
-        w[:-1] += lr * (x.T @ r) / n
-        w[-1] += lr * r.sum() / n
-    return w
+    return logistic_ascent(w, features, np.asarray(targets, dtype=np.float64), steps, lr)
 
 
 def relative_propensity(theta: np.ndarray) -> np.ndarray:

@@ -250,6 +250,22 @@ def test_compiled_local_sgd_equals_the_numpy_path(mq2008_dir, epochs, estimator,
 # ------------------------------------------------------------------------------ EM
 
 
+def test_compiled_relevance_regression_equals_its_numpy_definition():
+    rng = np.random.default_rng(9)
+    for rows in (0, 1, 7, 25):
+        x = rng.random((rows, 46)).astype(np.float32)
+        targets, w_rel = rng.random(rows), rng.normal(size=47) * 0.3
+        w = w_rel.copy()
+        xd, n = x.astype(np.float64), max(rows, 1)
+        for _ in range(20):  # the M-step's definition, in numpy
+            r = targets - _sigmoid(xd @ w[:-1] + w[-1])
+            w[:-1] += 1.5 * (xd.T @ r) / n
+            w[-1] += 1.5 * r.sum() / n
+        got = fit_relevance(w_rel, x, targets, 20, 1.5)
+        np.testing.assert_allclose(got, w, rtol=1e-9, atol=1e-12)
+        assert rows == 0 or not np.array_equal(got, w_rel)
+
+
 def test_regression_em_recovers_the_position_bias():
     rng = np.random.default_rng(5)
     n, d, k = 30000, 6, 5

@@ -1,6 +1,6 @@
 """Compiled (numba) local SGD of a linear ranker: FedIPS's client training
 (``protocols/fedips.py``) on IPS-weighted hinge losses, and its full-information LambdaRank
-skyline, one call per client and round.
+skyline, one call per client and round; and the relevance regression of its federated EM.
 
 The numpy path takes ~6 calls per query (score, the margins or lambdas, the gradient over the
 scores, the ranker's gradient, the step), a few microseconds each on MQ-sized queries; this is
@@ -18,7 +18,7 @@ import numpy as np
 
 from foltr_async.ltr.pdgd_kernel import jit
 
-__all__ = ["hinge_sgd_linear", "lambdarank_sgd_linear"]
+__all__ = ["hinge_sgd_linear", "lambdarank_sgd_linear", "logistic_ascent"]
 
 
 @jit
@@ -149,4 +149,30 @@ def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
                         grad[f] += np.float64(row[f]) * lam[i]
             for f in range(n_feat):
                 w[f] = w[f] + lr * grad[f]
+    return w
+
+
+@jit
+def logistic_ascent(w, x, targets, steps, lr):
+    """``w = [weights, bias]`` (float64, updated in place) after ``steps`` full-batch ascent
+    steps of the mean soft-label log-likelihood of sigmoid(w . x + b) on ``targets``."""
+    rows, n_feat = x.shape
+    n = max(rows, 1)
+    r = np.empty(rows)
+    g = np.empty(n_feat)
+    for _ in range(steps):
+        for i in range(rows):
+            acc = 0.0
+            for f in range(n_feat):
+                acc += np.float64(x[i, f]) * w[f]
+            r[i] = targets[i] - 0.5 * (1.0 + np.tanh(0.5 * (acc + w[n_feat])))
+        g[:] = 0.0
+        total = 0.0
+        for i in range(rows):
+            total += r[i]
+            for f in range(n_feat):
+                g[f] += np.float64(x[i, f]) * r[i]
+        for f in range(n_feat):
+            w[f] += lr * g[f] / n
+        w[n_feat] += lr * total / n
     return w
