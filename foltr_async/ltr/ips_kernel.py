@@ -33,6 +33,20 @@ def _scores(features, first, n, w, out):
 
 
 @jit
+def _step(w, features, first, n, weights, lr, grad):
+    """``w += lr * X^T weights`` over the query's rows ``first ..`` with a non-zero weight (the
+    linear ranker's gradient of ``sum_i weights_i * score_i``)."""
+    grad[:] = 0.0
+    for i in range(n):
+        if weights[i] != 0.0:
+            row = features[first + i]
+            for f in range(w.size):
+                grad[f] += np.float64(row[f]) * weights[i]
+    for f in range(w.size):
+        w[f] = w[f] + lr * grad[f]
+
+
+@jit
 def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
     """``w`` (float64, updated in place) after ``epochs`` passes of one SGD step per query of
     ``qs`` on ``sum_c (n_c / p_c) sum_{d'} max(0, 1 - (s_c - s_d'))``.
@@ -42,14 +56,13 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
     ``prop[r]``: the propensity of rank ``r``. A query without clicks takes no step. The
     ``d' = c`` term is the constant 1 with zero gradient, as in ``hinge_score_gradient``.
     """
-    n_feat = w.size
     k = table.shape[1]
     widest = 0
     for b in range(qs.size):
         widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
     scores = np.empty(widest)
     g = np.empty(widest)
-    grad = np.empty(n_feat)
+    grad = np.empty(w.size)
     for _ in range(epochs):
         for b in range(qs.size):
             q = qs[b]
@@ -76,14 +89,7 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
                         g[j] += inv  # each active d' is pushed up by 1/p ...
                         active += 1
                 g[d] -= inv * active  # ... and the clicked one down by the same total
-            grad[:] = 0.0
-            for i in range(n):
-                if g[i] != 0.0:
-                    row = features[first + i]
-                    for f in range(n_feat):
-                        grad[f] += np.float64(row[f]) * g[i]
-            for f in range(n_feat):
-                w[f] = w[f] + -lr * grad[f]
+            _step(w, features, first, n, g, -lr, grad)  # descent on the loss
     return w
 
 
@@ -93,13 +99,12 @@ def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
     per query of ``qs`` (in the given order), as ``train_lambdarank`` and ``lambda_weights``:
     pairs with a member in the current top ``k`` and different grades, |Delta nDCG@k| / (1 +
     exp(s_better - s_worse)), added to the better document, taken from the worse."""
-    n_feat = w.size
     widest = 0
     for b in range(qs.size):
         widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
     s = np.empty(widest)
     lam = np.empty(widest)
-    grad = np.empty(n_feat)
+    grad = np.empty(w.size)
     rank = np.empty(widest, dtype=np.int64)
     for _ in range(epochs):
         for b in range(qs.size):
@@ -141,14 +146,7 @@ def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
                     moved = moved or v != 0.0
             if not moved:
                 continue
-            grad[:] = 0.0
-            for i in range(n):
-                if lam[i] != 0.0:
-                    row = features[first + i]
-                    for f in range(n_feat):
-                        grad[f] += np.float64(row[f]) * lam[i]
-            for f in range(n_feat):
-                w[f] = w[f] + lr * grad[f]
+            _step(w, features, first, n, lam, lr, grad)  # ascent on the lambdas
     return w
 
 
