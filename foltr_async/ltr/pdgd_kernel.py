@@ -66,6 +66,7 @@ __all__ = [
     "PARALLEL_FROM",
     "draw",
     "generator_pointers",
+    "jit",
     "logged_linear",
     "pair_weights",
     "step",
