@@ -33,6 +33,15 @@ def _scores(features, first, n, w, out):
 
 
 @jit
+def _widest(qptr, qs):
+    """The most documents of any query of ``qs`` (the size of a round's scratch arrays)."""
+    widest = 0
+    for b in range(qs.size):
+        widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
+    return widest
+
+
+@jit
 def _step(w, features, first, n, weights, lr, grad):
     """``w += lr * X^T weights`` over the query's rows ``first ..`` with a non-zero weight (the
     linear ranker's gradient of ``sum_i weights_i * score_i``)."""
@@ -57,9 +66,7 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
     ``d' = c`` term is the constant 1 with zero gradient, as in ``hinge_score_gradient``.
     """
     k = table.shape[1]
-    widest = 0
-    for b in range(qs.size):
-        widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
+    widest = _widest(qptr, qs)
     scores = np.empty(widest)
     g = np.empty(widest)
     grad = np.empty(w.size)
@@ -99,9 +106,7 @@ def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
     per query of ``qs`` (in the given order), as ``train_lambdarank`` and ``lambda_weights``:
     pairs with a member in the current top ``k`` and different grades, |Delta nDCG@k| / (1 +
     exp(s_better - s_worse)), added to the better document, taken from the worse."""
-    widest = 0
-    for b in range(qs.size):
-        widest = max(widest, qptr[qs[b] + 1] - qptr[qs[b]])
+    widest = _widest(qptr, qs)
     s = np.empty(widest)
     lam = np.empty(widest)
     grad = np.empty(w.size)
