@@ -417,7 +417,7 @@ class FedIPSClient(Agent):
         if run.compiled:
             w = run.compiled.hinge_sgd_linear(
                 start.copy(), train.features, train.qptr, table, qs,
-                clicks.astype(np.int64), prop, run.lr_local, run.local_epochs,
+                np.asarray(clicks, dtype=np.int64), prop, run.lr_local, run.local_epochs,
             )  # fmt: skip
             return w - start
         ranker.set_params(start)

@@ -6,8 +6,9 @@ The numpy path takes ~6 calls per query (score, the margins or lambdas, the grad
 scores, the ranker's gradient, the step), a few microseconds each on MQ-sized queries; this is
 one call for a client's whole round. It computes the same quantities in the same sequence of
 steps (one step per query in order, ``epochs`` passes), so it equals the numpy path up to float
-rounding: scores and gradients are summed in loop order rather than BLAS's or numpy's pairwise
-order (tests compare the two on random rounds).
+rounding: scores are the PDGD kernel's ``linear_scores`` (four partial sums per row) and
+gradients are summed in loop order, rather than BLAS's or numpy's pairwise order (tests compare
+the two on random rounds).
 
 Imported on first use (numba's import and the disk cache load cost ~0.4 s), as ``pdgd_kernel``.
 """
@@ -16,20 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.pdgd_kernel import jit
+from foltr_async.ltr.pdgd_kernel import jit, linear_scores
 
 __all__ = ["hinge_sgd_linear", "lambdarank_sgd_linear", "logistic_ascent"]
-
-
-@jit
-def _scores(features, first, n, w, out):
-    """``out[:n]``: the linear scores of documents ``first .. first + n - 1`` (float64 sums)."""
-    for i in range(n):
-        row = features[first + i]
-        acc = 0.0
-        for f in range(w.size):
-            acc += np.float64(row[f]) * w[f]
-        out[i] = acc
 
 
 @jit
@@ -81,7 +71,7 @@ def hinge_sgd_linear(w, features, qptr, table, qs, clicks, prop, lr, epochs):
                 continue
             first = qptr[q]
             n = qptr[q + 1] - first
-            _scores(features, first, n, w, scores)
+            linear_scores(features, first, n, w, scores, 0)
             g[:n] = 0.0
             for r in range(k):
                 c = clicks[b, r]
@@ -111,22 +101,22 @@ def lambdarank_sgd_linear(w, features, labels, qptr, qs, lr, epochs, k):
     lam = np.empty(widest)
     grad = np.empty(w.size)
     rank = np.empty(widest, dtype=np.int64)
+    gains = np.empty(widest)
     for _ in range(epochs):
         for b in range(qs.size):
             q = qs[b]
             first = qptr[q]
             n = qptr[q + 1] - first
             cut = min(k, n)
-            gains = np.empty(n)
             for i in range(n):
                 gains[i] = 2.0 ** np.float64(labels[first + i]) - 1.0
-            best = np.sort(gains)
+            best = np.sort(gains[:n])
             ideal = 0.0
             for a in range(cut):
                 ideal += best[n - 1 - a] * (1.0 / np.log2(a + 2.0))
             if ideal <= 0.0:
                 continue
-            _scores(features, first, n, w, s)
+            linear_scores(features, first, n, w, s, 0)
             order = np.argsort(-s[:n], kind="mergesort")  # stable, as the numpy path's
             for r in range(n):
                 rank[order[r]] = r
@@ -164,11 +154,9 @@ def logistic_ascent(w, x, targets, steps, lr):
     r = np.empty(rows)
     g = np.empty(n_feat)
     for _ in range(steps):
+        linear_scores(x, 0, rows, w[:n_feat], r, 0)
         for i in range(rows):
-            acc = 0.0
-            for f in range(n_feat):
-                acc += np.float64(x[i, f]) * w[f]
-            r[i] = targets[i] - 0.5 * (1.0 + np.tanh(0.5 * (acc + w[n_feat])))
+            r[i] = targets[i] - 0.5 * (1.0 + np.tanh(0.5 * (r[i] + w[n_feat])))
         g[:] = 0.0
         total = 0.0
         for i in range(rows):

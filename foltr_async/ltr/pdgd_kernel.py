@@ -67,6 +67,7 @@ __all__ = [
     "draw",
     "generator_pointers",
     "jit",
+    "linear_scores",
     "logged_linear",
     "pair_weights",
     "step",
@@ -570,7 +571,7 @@ def _mlp_grad(grad, coef, top_i, m, features, first, acts, wj, dpre):
 
 
 @jit
-def _linear_scores(features, first, n, wj, out, o):
+def linear_scores(features, first, n, wj, out, o):
     """``out[o:o + n]`` = the scores of documents ``first .. first + n - 1``: float64 sums of
     the float32 (or float64) rows times ``wj``, four partial sums per row (so LLVM can keep
     them in vector lanes), no upcast copy of the rows."""
@@ -630,7 +631,7 @@ def _train_linear(
             for s in range(steps[j]):
                 first = qptr[query[j, s]]
                 n = qptr[query[j, s] + 1] - first
-                _linear_scores(features, first, n, wj, scores, gptr[j, s])
+                linear_scores(features, first, n, wj, scores, gptr[j, s])
                 m = _interact(
                     j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
                     discount, ideal, tables, n_grades, params, ndcg, k, work,
@@ -759,7 +760,7 @@ def logged_linear(qptr, queries, rankings, clicks, features, w, lr, every, scale
         if last_click >= 0:
             first = qptr[queries[t]]
             n = qptr[queries[t] + 1] - first
-            _linear_scores(features, first, n, w, scores, 0)
+            linear_scores(features, first, n, w, scores, 0)
             for i in range(m):
                 shown[i] = scores[top_i[i]]
             log_rest = _log_rest(scores, 0, n, top_i, m, is_shown)
