@@ -153,6 +153,24 @@ def fang_krum(
         lam /= 2.0
 
 
+#: the last Fang-Krum search, ``(inputs, result)``: a coalition's colluders craft one after the
+#: other from the same knowledge and global model, so the search runs once a round, not once
+#: per colluder (it draws nothing: the same inputs give the same result)
+_last_search: list = [None, None]
+
+
+def coalition_fang_krum(
+    known: np.ndarray, w_global: np.ndarray, c: int, m_defender: int
+) -> tuple[np.ndarray, float, bool]:
+    """``fang_krum``, searched once for a coalition whose members ask with equal inputs (a copy
+    of the crafted model each time)."""
+    key = (known.tobytes(), known.shape, w_global.tobytes(), c, m_defender)
+    if _last_search[0] != key:
+        _last_search[:] = key, fang_krum(known, w_global, c, m_defender)
+    crafted, lam, selected = _last_search[1]
+    return crafted.copy(), lam, selected
+
+
 def fang_trimmed(
     known: np.ndarray,
     w_global: np.ndarray,
@@ -341,7 +359,9 @@ class FangClient(ColludingClient):
     def craft(self, start, known, *, full):
         if self.target == "trimmed_mean":
             return fang_trimmed(known, start, self.rng, partial=not full, b=self.b)
-        crafted, lam, selected = fang_krum(known, start, len(self.coalition), self.m_defender)
+        crafted, lam, selected = coalition_fang_krum(
+            known, start, len(self.coalition), self.m_defender
+        )
         self.facts["krum_selected"] += int(selected)
         self.facts["krum_lambda_sum"] += lam
         if self.id != self.coalition[0]:  # the others send copies a tiny distance away

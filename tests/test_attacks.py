@@ -12,6 +12,7 @@ from foltr_async.protocols.aggregation import krum, multi_krum
 from foltr_async.protocols.attacks import (
     SHARE,
     benign_direction,
+    coalition_fang_krum,
     fang_krum,
     fang_krum_lambda_max,
     fang_trimmed,
@@ -91,6 +92,26 @@ def test_fang_krum_gives_up_when_the_honest_models_are_tight_and_far():
     w_global, known = _benign(rng, shift=0.3, spread=0.05)
     crafted, lam, selected = fang_krum(known, w_global, 2, m_defender=2)
     assert not selected and lam < 1e-5
+
+
+def test_a_coalition_searches_once_for_equal_knowledge(monkeypatch):
+    """Colluders asking with the same knowledge and global model get the search's result, each
+    its own copy, from one search; other inputs search again."""
+    from foltr_async.protocols import attacks
+
+    searches = []
+    monkeypatch.setattr(attacks, "fang_krum", lambda *a: searches.append(a) or fang_krum(*a))
+    rng = np.random.default_rng(3)
+    w_global, known = _benign(rng)
+    first = coalition_fang_krum(known, w_global, 3, 3)
+    first[0][:] = 0.0  # a colluder changing its copy changes nobody else's
+    again = coalition_fang_krum(known.copy(), w_global.copy(), 3, 3)
+    expect = fang_krum(known, w_global, 3, 3)
+    assert np.array_equal(again[0], expect[0]) and again[1:] == expect[1:]
+    assert len(searches) == 1
+    coalition_fang_krum(known[1:], w_global, 3, 3)
+    coalition_fang_krum(known, w_global, 2, 3)
+    assert len(searches) == 3
 
 
 def test_fang_trimmed_full_knowledge_samples_in_the_specified_ranges():
