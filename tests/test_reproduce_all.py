@@ -60,6 +60,12 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
         runs = [line for line in lines if line.split()[0] in names]
         assert len(runs) == 3 and all("--set clicks.model=" in line for line in runs), study
     assert all("to run" in line for line in lines)
+    # FOLtR-ES at its authors' notebook settings: p = 1, their two rankers, 2,000 clients
+    authors = [line for line in lines if line.startswith("foltres_authors-")]
+    assert len(authors) == 3 and all(
+        "--set federation.params.p=1.0 --only linear-C2000 --only mlp10-C2000" in line
+        for line in authors
+    )
     mslr = [line for line in lines if line.startswith("fpdgd_vs_foltres-mslr-like-")]
     assert len(mslr) == 3 and all("--set dataset.profile=mslr-like" in line for line in mslr)
 
