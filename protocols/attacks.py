@@ -37,6 +37,7 @@ from foltr_async.errors import ScenarioError
 from foltr_async.protocols.aggregation import krum
 from foltr_async.protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
 from foltr_async.registry import BehaviourEntry
+from foltr_async.runtime import heap
 from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.codec import Array, DropMessage, Kind, decode
 from foltr_async.scenario.fields import param, parameters
@@ -153,21 +154,21 @@ def fang_krum(
         lam /= 2.0
 
 
-#: the last Fang-Krum search, ``(inputs, result)``: a coalition's colluders craft one after the
-#: other from the same knowledge and global model, so the search runs once a round, not once
-#: per colluder (it draws nothing: the same inputs give the same result)
-_last_search: list = [None, None]
+@heap.process_cache(maxsize=1)
+def _fang_krum_of(known: bytes, shape: tuple, w_global: bytes, c: int, m_defender: int) -> tuple:
+    """``fang_krum`` of float64 arrays given as bytes (hashable: the last search is kept)."""
+    return fang_krum(np.frombuffer(known).reshape(shape), np.frombuffer(w_global), c, m_defender)
 
 
 def coalition_fang_krum(
     known: np.ndarray, w_global: np.ndarray, c: int, m_defender: int
 ) -> tuple[np.ndarray, float, bool]:
-    """``fang_krum``, searched once for a coalition whose members ask with equal inputs (a copy
-    of the crafted model each time)."""
-    key = (known.tobytes(), known.shape, w_global.tobytes(), c, m_defender)
-    if _last_search[0] != key:
-        _last_search[:] = key, fang_krum(known, w_global, c, m_defender)
-    crafted, lam, selected = _last_search[1]
+    """``fang_krum``, searched once for a coalition: its colluders craft one after the other
+    from the same knowledge and global model, so the search (which draws nothing) runs once a
+    round, not once per colluder; each gets its own copy of the crafted model."""
+    known = np.asarray(known, dtype=np.float64)
+    w = np.asarray(w_global, dtype=np.float64)
+    crafted, lam, selected = _fang_krum_of(known.tobytes(), known.shape, w.tobytes(), c, m_defender)
     return crafted.copy(), lam, selected
 
 
