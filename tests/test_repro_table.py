@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from foltr_async.cli import main
@@ -59,3 +60,27 @@ def test_a_missing_run_is_one_line_and_a_non_zero_exit(runs):
     out = table(str(runs / "perfect"), str(runs / "nowhere"))
     assert out.returncode != 0 and out.stdout == ""
     assert out.stderr.strip().count("\n") == 0 and "nowhere" in out.stderr
+
+
+def test_power_gives_each_comparison_its_spread_and_detectable_difference(runs):
+    from foltr_async.observe.results import paired_finals
+    from foltr_async.observe.stats import detectable_difference
+
+    out = table(str(runs / "perfect"), "--power")
+    assert out.returncode == 0, out.stderr
+    res = json.loads((runs / "perfect" / "results.json").read_text())
+    m = sum(1 for c in res["comparisons"] if c["p_value"] is not None)
+    lines = out.stdout.splitlines()
+    assert lines[0].endswith(f"| detectable Δ (α 0.05) | detectable Δ (α 0.05/{m}) |")
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:] for line in lines[2:]
+    }
+    assert set(rows) == {c["variant"] for c in res["comparisons"]}
+    ref = res["variants"][res["reference"]]["repeats"]
+    for c in res["comparisons"]:
+        mine, theirs = paired_finals(res["variants"][c["variant"]]["repeats"], ref, "ndcg@10")
+        d = np.subtract(mine, theirs)
+        n, mean, sd = rows[c["variant"]][0], rows[c["variant"]][1], rows[c["variant"]][2]
+        assert int(n) == c["n"] == d.size and mean == f"{c['diff_mean']:+.4f}"
+        assert sd == f"{d.std(ddof=1):.4f}"
+        assert rows[c["variant"]][3] == f"{detectable_difference(d.std(ddof=1), d.size):.4f}"

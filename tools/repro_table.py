@@ -8,7 +8,10 @@ Holm-adjusted p (as results.json holds them); unlearned variants add their calib
 against re-training from scratch; ``--metric NAME`` adds another final offline metric as a
 column (e.g. FedIPS's ndcg@5, FedPer's ndcg@10_personal); CS-F-LTR runs add a table of the
 reverse top-K's cover rate and query time. ``--conclusions`` adds the unlearning sentences of
-the current code (``foltr_async.experiment.conclusions``).
+the current code (``foltr_async.experiment.conclusions``). ``--power`` prints instead, per
+comparison, what its n repeats could find: the spread of the paired differences and the smallest
+mean difference a paired t-test detects with 80 % power at alpha 0.05, and at 0.05 / m
+(Bonferroni over the run's m comparisons, the strictest step of Holm).
 
 Given several runs of one file (e.g. one per click model), prints one table instead: per
 variant its paired difference to each run's reference with the Holm p, a column per run:
@@ -24,6 +27,8 @@ from pathlib import Path
 
 from foltr_async.errors import FoltrError
 from foltr_async.merge import load_results
+from foltr_async.observe.results import paired_finals
+from foltr_async.observe.stats import detectable_difference
 
 
 def _ms(s: dict | None, fmt: str = ".4f") -> str:
@@ -127,6 +132,39 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
     return out + "\n"
 
 
+def power_table(results: dict, only: list[str]) -> str:
+    """Per comparison with the reference (on the metric the run compared): n pairs, the observed
+    Δ, the sample std of the paired differences and the Δ detectable with 80 % power at alpha
+    0.05 and at 0.05 / m."""
+    comps = _comparisons(results)
+    metric = next(iter(comps.values()))["metric"]
+    m = sum(1 for c in comps.values() if c.get("p_value") is not None)
+    ref = results["variants"][results["reference"]]["repeats"]
+    rows = [
+        f"| variant | n | Δ {metric} | std of Δ | detectable Δ (α 0.05) | "
+        f"detectable Δ (α 0.05/{m}) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in comps:
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        mine, theirs = paired_finals(results["variants"][name]["repeats"], ref, metric)
+        diffs = [a - b for a, b in zip(mine, theirs, strict=True)]
+        n = len(diffs)
+        if n < 2:
+            rows.append(f"| {name} | {n} | – | – | – | – |")
+            continue
+        mean = sum(diffs) / n
+        sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+        cells = [detectable_difference(sd, n), detectable_difference(sd, n, alpha=0.05 / max(m, 1))]
+        rows.append(
+            f"| {name} | {n} | {mean:+.4f} | {sd:.4f} | "
+            + " | ".join(f"{x:.4f}" for x in cells)
+            + " |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def _label(path: Path) -> str:
     """A run's column title: its output folder's name."""
     return (path.parent if path.name == "results.json" else path).name
@@ -163,6 +201,9 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], help="variant name prefix")
     ap.add_argument("--conclusions", action="store_true", help="also the unlearning sentences")
     ap.add_argument(
+        "--power", action="store_true", help="what each comparison's n repeats could detect"
+    )
+    ap.add_argument(
         "--metric",
         action="append",
         default=[],
@@ -179,6 +220,11 @@ def main() -> None:
         print(delta_table(runs, args.only), end="")
         return
     results = runs[0][1]
+    if args.power:
+        if not results.get("reference") or not results.get("comparisons"):
+            sys.exit(f"repro_table: {args.results[0]} has no comparisons with a reference")
+        print(power_table(results, args.only), end="")
+        return
     print(table(results, args.only, args.metric), end="")
     cs = csfltr_table(results, args.only)
     if cs:

@@ -205,23 +205,31 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
     }
 
 
+def paired_finals(
+    repeats: list[dict], reference: list[dict], metric: str
+) -> tuple[list[float], list[float]]:
+    """The final ``metric`` of a variant's repeats and of the reference's, paired by seed (a
+    seed missing or unmeasured on either side is left out)."""
+
+    def finals(reps: list[dict]) -> dict:
+        return {rep.get("seed"): final_value(rep, metric) for rep in reps}
+
+    mine, ref = finals(repeats), finals(reference)
+    seeds = [s for s in mine if s in ref and mine[s] is not None and ref[s] is not None]
+    return [mine[s] for s in seeds], [ref[s] for s in seeds]
+
+
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
     """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
     is the p-value Holm-adjusted over all the scenario's comparisons."""
     if reference is None or reference not in variants:
         return []
-
-    def finals(repeats: list[dict]) -> dict:
-        return {rep.get("seed"): final_value(rep, metric) for rep in repeats}
-
-    ref = finals(variants[reference])
     out = []
     for name, repeats in variants.items():
         if name == reference:
             continue
-        mine = finals(repeats)
-        seeds = [s for s in mine if s in ref and mine[s] is not None and ref[s] is not None]
-        diff, p = paired_test([mine[s] for s in seeds], [ref[s] for s in seeds])
+        mine, ref = paired_finals(repeats, variants[reference], metric)
+        diff, p = paired_test(mine, ref)
         out.append(
             {
                 "variant": name,
@@ -230,7 +238,7 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
                 "diff_mean": diff,
                 "p_value": p,
                 "test": PAIRED_TEST,
-                "n": len(seeds),
+                "n": len(mine),
             }
         )
     for comp, adjusted in zip(out, holm([c["p_value"] for c in out]), strict=True):
