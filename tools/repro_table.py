@@ -28,7 +28,7 @@ from pathlib import Path
 from foltr_async.errors import FoltrError
 from foltr_async.merge import load_results
 from foltr_async.observe.results import paired_finals
-from foltr_async.observe.stats import detectable_difference
+from foltr_async.observe.stats import detectable_difference, summarise
 
 
 def _ms(s: dict | None, fmt: str = ".4f") -> str:
@@ -149,16 +149,14 @@ def power_table(results: dict, only: list[str]) -> str:
         if only and not any(name.startswith(o) for o in only):
             continue
         mine, theirs = paired_finals(results["variants"][name]["repeats"], ref, metric)
-        diffs = [a - b for a, b in zip(mine, theirs, strict=True)]
-        n = len(diffs)
+        d = summarise(a - b for a, b in zip(mine, theirs, strict=True))
+        n, sd = d["n"], d["std"]
         if n < 2:
             rows.append(f"| {name} | {n} | – | – | – | – |")
             continue
-        mean = sum(diffs) / n
-        sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
         cells = [detectable_difference(sd, n), detectable_difference(sd, n, alpha=0.05 / max(m, 1))]
         rows.append(
-            f"| {name} | {n} | {mean:+.4f} | {sd:.4f} | "
+            f"| {name} | {n} | {d['mean']:+.4f} | {sd:.4f} | "
             + " | ".join(f"{x:.4f}" for x in cells)
             + " |"
         )
@@ -215,8 +213,8 @@ def main() -> None:
     except FoltrError as exc:
         sys.exit(f"repro_table: {exc}")
     if len(runs) > 1:
-        if args.metric or args.conclusions:
-            sys.exit("repro_table: --metric and --conclusions take one run, not several")
+        if args.metric or args.conclusions or args.power:
+            sys.exit("repro_table: --metric, --conclusions and --power take one run, not several")
         print(delta_table(runs, args.only), end="")
         return
     results = runs[0][1]
