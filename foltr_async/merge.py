@@ -78,11 +78,19 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
     extra = {}
     for label, res in runs:
         for key, value in res.items():
-            if key in OWN_KEYS or key == "interrupted":  # the merge's own status
+            if key in OWN_KEYS or key in ("interrupted", "environment"):  # the merge's own
                 continue
             if key in extra and extra[key] != value:
                 raise FoltrError(f"merge: the parts disagree on {key!r} ({label})")
             extra[key] = value
+    # the kernel's threads and cores of each part: results do not depend on them, so parts run
+    # with other counts pair; one record if they agree, else each distinct one
+    environments = []
+    for _, res in runs:
+        if "environment" in res and res["environment"] not in environments:
+            environments.append(res["environment"])
+    if environments:
+        extra["environment"] = environments[0] if len(environments) == 1 else environments
     writer = ResultsWriter(
         out,
         scenario=first["scenario"],

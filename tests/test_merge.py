@@ -114,3 +114,22 @@ def test_a_run_merged_with_itself_is_its_own_results_json(runs, tmp_path):
     whole = runs / "whole"
     assert main(["merge", str(whole), str(whole), "--out", str(tmp_path / "m")]) == 0
     assert _read(tmp_path / "m") == _read(whole)
+
+
+def test_parts_run_with_other_thread_counts_merge_and_keep_each_environment(runs, tmp_path, capsys):
+    """The kernel's thread count does not change results, so a part run on another machine or
+    with --threads pairs; results.json keeps each part's record. Any other disagreement on a
+    run-level key is still refused."""
+    res = _read(runs / "b")
+    env = {**res["environment"], "threads": res["environment"]["threads"] + 7}
+    res["environment"] = env
+    part = _write(tmp_path / "b-threads", res)
+    assert main(["merge", str(runs / "a"), str(part), "--out", str(tmp_path / "m")]) == 0
+    merged = _read(tmp_path / "m")
+    assert merged["environment"] == [_read(runs / "a")["environment"], env]
+    assert merged["comparisons"] == _read(runs / "whole")["comparisons"]
+    a = _write(tmp_path / "a-noted", {**_read(runs / "a"), "note": "one"})
+    _write(part, {**res, "note": "another"})
+    assert main(["merge", str(a), str(part), "--out", str(tmp_path / "m2")]) == 2
+    assert "disagree on 'note'" in capsys.readouterr().err
+    assert not (tmp_path / "m2").exists()
