@@ -78,7 +78,7 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
     extra = {}
     for label, res in runs:
         for key, value in res.items():
-            if key in OWN_KEYS or key in ("interrupted", "environment"):  # the merge's own
+            if key in OWN_KEYS or key in ("interrupted", "environment"):  # both set below
                 continue
             if key in extra and extra[key] != value:
                 raise FoltrError(f"merge: the parts disagree on {key!r} ({label})")
