@@ -75,20 +75,18 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
                     _check_same(name, r, metric, mine[r], rep, owner[name], label)
                 else:
                     mine[r] = rep
-    extra = {}
+    # each part's kernel threads and cores: results do not depend on them, so parts run with
+    # other counts pair; one record if they agree, else each distinct one
+    extra, environments = {}, []
     for label, res in runs:
+        if "environment" in res and res["environment"] not in environments:
+            environments.append(res["environment"])
         for key, value in res.items():
             if key in OWN_KEYS or key in ("interrupted", "environment"):  # both set below
                 continue
             if key in extra and extra[key] != value:
                 raise FoltrError(f"merge: the parts disagree on {key!r} ({label})")
             extra[key] = value
-    # the kernel's threads and cores of each part: results do not depend on them, so parts run
-    # with other counts pair; one record if they agree, else each distinct one
-    environments = []
-    for _, res in runs:
-        if "environment" in res and res["environment"] not in environments:
-            environments.append(res["environment"])
     if environments:
         extra["environment"] = environments[0] if len(environments) == 1 else environments
     writer = ResultsWriter(
