@@ -27,6 +27,7 @@ from foltr_async.ltr.pdgd_batch import (
     compiled_pair_weights,
     learn_logged_linear,
     prepare,
+    serve_linear_batch,
     train_linear_batch,
     train_mlp_batch,
 )
@@ -58,7 +59,8 @@ class PDGDLearner:
     ``lr``: the step size (None: the learner only serves, as FOLtR-ES's clients);
     ``clip``: (bound, norm order) applied to the weights after every step (FPDGD's DP), or None;
     ``mu``: FedProx's proximal term, ``-lr mu (w - start)`` per step; ``shared_users``: users of
-    shared data (non-IID data sharing) whose queries are mixed in with the client's own.
+    shared data (non-IID data sharing) whose queries are mixed in with the client's own;
+    ``shows``: its users' rankings are logged in batches (``show``, centralised PDGD's clients).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class PDGDLearner:
         click_model=None,
         clip: tuple[float, int] | None = None,
         mu: float = 0.0,
+        shows: bool = False,
     ) -> None:
         self.ctx = ctx
         self.ranker = ctx.new_ranker()
@@ -93,6 +96,8 @@ class PDGDLearner:
         #: the run's pool for the batched path (created with the first learner that may use it,
         #: so a run prepares it before its rounds start)
         self.pool = train_pool(ctx) if lr is not None and batch_kind(self.ranker) else None
+        #: the run's pool batching ``show`` (made before the rounds start, like ``pool``)
+        self.show_pool = show_pool(ctx) if shows and self.shows_batched else None
 
     def serve(self, q: int, users: Users | None = None) -> Served:
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
@@ -113,6 +118,37 @@ class PDGDLearner:
             and isinstance(self.users.click_model, CascadeModel)
             and self.users.arrivals is None
         )
+
+    @property
+    def shows_batched(self) -> bool:
+        """Whether ``show`` can go to the compiled serving pass (which draws what ``serve``
+        would): a linear ranker, cascade users drawing queries at random, no shared data."""
+        users = self.users
+        return (
+            isinstance(self.ranker, LinearRanker)
+            and isinstance(users.click_model, CascadeModel)
+            and users.arrivals is None
+            and self.shared_users is None
+        )
+
+    async def show(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` queries shown from the ranker's current weights, each as ``serve`` shows it:
+        the queries, the shown rankings (n x K document offsets, -1 past a short list) and
+        their clicks. Batched with the run's other loggers (``show_pool``) where it can be."""
+        users = self.users
+        if self.show_pool is not None:
+            weights = self.ranker.get_params()
+            job = PDGDJob(weights, users.queries, n, self.rng, users.click_model, 0.0)
+            return await self.show_pool.submit((self, job))
+        queries = np.empty(n, dtype=np.int64)
+        rankings = np.full((n, K), -1, dtype=np.int64)
+        clicks = np.zeros((n, K), dtype=bool)
+        for i in range(n):
+            q = queries[i] = users.next_query()
+            shown = self.serve(q)
+            rankings[i, : shown.ranking.size] = shown.ranking
+            clicks[i, : shown.ranking.size] = shown.clicks
+        return queries, rankings, clicks
 
     async def learn(self, start: np.ndarray, n: int, duration: float = 0.0) -> np.ndarray:
         """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later."""
@@ -209,19 +245,29 @@ def batch_kind(ranker) -> tuple | None:
     return None
 
 
-def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
-    """The pool's batch function: every learner's interactions at once, as ``train`` would.
-
-    What ``train`` does through ``Users`` happens here for the whole batch: each shown ranking's
-    nDCG goes to the probe, issued queries to ``users.issued`` when it is logging, and each
-    learner's ranker ends at its new weights.
-    """
-    groups: dict[tuple, list[int]] = {}  # one batch per training set and ranker kind
+def _groups(jobs: list[tuple[PDGDLearner, PDGDJob]], kind) -> dict[tuple, list[int]]:
+    """Job indices per (training set, ``kind(learner)``): one batch each."""
+    groups: dict[tuple, list[int]] = {}
     for i, (learner, _) in enumerate(jobs):
-        key = (id(learner.users.train), batch_kind(learner.ranker))
-        groups.setdefault(key, []).append(i)
+        groups.setdefault((id(learner.users.train), kind(learner)), []).append(i)
+    return groups
+
+
+def _record(users: Users, queries: list[int], shown: list[float]) -> None:
+    """What ``serve`` does through ``Users`` for a batch's interactions: each shown ranking's
+    nDCG to the probe, the issued queries to ``users.issued`` when it is logging."""
+    for q, v in zip(queries, shown, strict=True):
+        if q >= 0:  # -1: this learner ran fewer steps than the longest job
+            users.record(v)
+            if users.issued is not None:
+                users.issued.append(q)
+
+
+def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
+    """The pool's batch function: every learner's interactions at once, as ``train`` would
+    (``_record``; each learner's ranker ends at its new weights)."""
     out: list[np.ndarray] = [np.empty(0)] * len(jobs)
-    for (_, kind), idx in groups.items():
+    for (_, kind), idx in _groups(jobs, lambda learner: batch_kind(learner.ranker)).items():
         learners = [jobs[i][0] for i in idx]
         train, batch = learners[0].users.train, [jobs[i][1] for i in idx]
         if kind[0] == "linear":
@@ -231,17 +277,32 @@ def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
         for i, learner, w, queries, shown in zip(
             idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), strict=True
         ):
-            users = learner.users
-            for q, v in zip(queries, shown, strict=True):
-                if q >= 0:  # -1: this learner ran fewer steps than the longest job
-                    users.record(v)
-                    if users.issued is not None:
-                        users.issued.append(q)
+            _record(learner.users, queries, shown)
             learner.ranker.set_params(w)
             out[i] = w  # a row of a fresh array: nothing else holds it
+    return out
+
+
+def _show_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[tuple]:
+    """The show pool's batch function: every logger's ``show`` at once (``_record``)."""
+    out: list[tuple] = [()] * len(jobs)
+    for idx in _groups(jobs, lambda learner: None).values():
+        learners = [jobs[i][0] for i in idx]
+        batch = [jobs[i][1] for i in idx]
+        res = serve_linear_batch(learners[0].users.train, batch)
+        for row, (i, learner, job) in enumerate(zip(idx, learners, batch, strict=True)):
+            n = job.n_steps
+            queries = res.queries[row, :n]
+            _record(learner.users, queries.tolist(), res.ndcg[row, :n].tolist())
+            out[i] = (queries, res.rankings[row, :n], res.clicks[row, :n])
     return out
 
 
 def train_pool(ctx: RunContext) -> BatchPool:
     """The run's one pool batching PDGD learners' local training (``batch_kind``)."""
     return ctx.shared("fpdgd.train_pool", lambda: BatchPool(_train_jobs, prepare=prepare))
+
+
+def show_pool(ctx: RunContext) -> BatchPool:
+    """The run's one pool batching loggers' ``show`` (linear rankers)."""
+    return ctx.shared("pdgd.show_pool", lambda: BatchPool(_show_jobs, prepare=prepare))

@@ -15,7 +15,6 @@ import numpy as np
 
 from foltr_async.protocols.api import (
     Array,
-    K,
     Kind,
     ModelStrategy,
     OnlineClient,
@@ -54,19 +53,14 @@ class LoggingClient(OnlineClient):
 
     trains = False  # the server learns, from the logs
 
+    def __init__(self, agent_id: str, ctx, queries, rng, **learner) -> None:
+        super().__init__(agent_id, ctx, queries, rng, shows=True, **learner)
+
     @handles(MODEL)
     async def on_model(self, env) -> None:
         self.ranker.set_params(env.body["params"])
         self.users.round = env.round
-        n = self.batch
-        queries = np.empty(n, dtype=np.int64)
-        rankings = np.full((n, K), -1, dtype=np.int64)
-        clicks = np.zeros((n, K), dtype=bool)
-        for i in range(n):
-            q = queries[i] = self.users.next_query()
-            shown = self.serve(q)
-            rankings[i, : shown.ranking.size] = shown.ranking
-            clicks[i, : shown.ranking.size] = shown.clicks
+        queries, rankings, clicks = await self.learner.show(self.batch)
         self.send(
             env.src, LOG, {"queries": queries, "rankings": rankings, "clicks": clicks}, env.round
         )

@@ -149,6 +149,42 @@ def test_batch_equals_the_sequential_learner_draw_for_draw(n_grades, dp, lr, nor
     assert moved > len(cases) // 3  # many learned something (extreme spreads give ~0 weights)
 
 
+@pytest.mark.parametrize("chunk", [None, 7])  # 7: the batch goes to the kernel in chunks
+def test_batched_serving_shows_what_serve_shows_draw_for_draw(monkeypatch, chunk):
+    """Centralised PDGD's loggers: ``serve_linear_batch`` shows the rankings, sees the clicks
+    and reports the nDCG that ``PDGDLearner.serve`` one query at a time does, from the same
+    draws, and leaves the weights as they were; no-click, all-click and short lists included."""
+    if chunk:
+        monkeypatch.setattr(pdgd_batch, "CHUNK", chunk)
+    train = make_queryset(3)
+    ctx = make_ctx(train, 3)
+    cases = random_cases(train, 3, 40, seed=5)
+    seq = [learner(ctx, q, 50 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    bat = [learner(ctx, q, 50 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    expected = []
+    for lrn, (_, n, start, _) in zip(seq, cases, strict=True):
+        lrn.ranker.set_params(start)
+        expected.append(run(lrn.show(n)))  # no pool: one query at a time
+    jobs = [
+        PDGDJob(start, q, n, lrn.rng, m, 0.1)  # a serving job's lr is not used
+        for lrn, (q, n, start, m) in zip(bat, cases, strict=True)
+    ]
+    res = pdgd_batch.serve_linear_batch(train, jobs)
+    shown = 0
+    for j, (s, (_, n, start, _), (queries, rankings, clicks)) in enumerate(
+        zip(seq, cases, expected, strict=True)
+    ):
+        assert s.rng.bit_generator.state == bat[j].rng.bit_generator.state, j
+        assert res.queries[j, :n].tolist() == queries.tolist()
+        assert res.rankings[j, :n].tolist() == rankings.tolist(), j
+        assert res.clicks[j, :n].tolist() == clicks.tolist(), j
+        assert (res.rankings[j, n:] == -1).all() and not res.clicks[j, n:].any()
+        np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(res.weights[j], start)
+        shown += int(clicks.any(axis=1).sum())
+    assert shown > 10  # clicked lists (with gradients a learner would step on) were served
+
+
 @pytest.mark.parametrize("hidden", [1, 16])
 @pytest.mark.parametrize(("n_grades", "dp", "lr"), [(3, False, 0.1), (5, True, 0.5)])
 def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
@@ -291,13 +327,17 @@ def test_batched_pdgd_learns_on_real_data(mq2008_dir):
 
 
 def scenario(
-    data_dir, params: dict | None = None, ranker: dict | None = None, network: dict | None = None
+    data_dir,
+    params: dict | None = None,
+    ranker: dict | None = None,
+    network: dict | None = None,
+    protocol: str = "fpdgd",
 ) -> dict:
     raw = {
         "dataset": {"path": str(data_dir)},
         "clicks": {"model": "informational"},
         "federation": {
-            "protocol": "fpdgd",
+            "protocol": protocol,
             "clients": 6,
             "queries_per_client": 3,
             "rounds": 6,
@@ -347,6 +387,23 @@ def test_fpdgd_run_is_the_same_batched_or_one_client_at_a_time(
     assert a["online"]["ndcg@10_discounted"] == pytest.approx(
         b["online"]["ndcg@10_discounted"], rel=1e-12
     )
+
+
+@pytest.mark.parametrize("staggered", [False, True])
+def test_centralised_pdgd_run_is_the_same_with_batched_serving(mq2008_dir, monkeypatch, staggered):
+    """Centralised PDGD's clients show their rankings through the show pool (one compiled pass
+    for every client of an instant) or one query at a time: the same run, bit for bit."""
+    net = {"latency": {"kind": "lognormal", "median": 1.0, "sigma": 0.5}} if staggered else None
+    cfg = scenario(mq2008_dir, network=net, protocol="pdgd_central")
+    a, sim = simulate(cfg, True, monkeypatch)
+    monkeypatch.setattr(pdgd_learner, "show_pool", lambda ctx: None)
+    b, _ = simulate(cfg, True, monkeypatch)
+    pool = sim.ctx.shared("pdgd.show_pool", lambda: None)
+    assert pool.jobs == 6 * 6
+    assert pool.largest < 3 if staggered else pool.batches == 6 and pool.largest == 6
+    assert a["offline"] == b["offline"] and a["online"] == b["online"]
+    assert a["online"]["interactions"] == 6 * 6 * 3
+    assert a["offline"]["ndcg@10"][-1] != a["offline"]["ndcg@10"][0]  # the server learned
 
 
 def test_compute_time_delays_replies_in_simulated_time(mq2008_dir, monkeypatch):

@@ -60,6 +60,7 @@ __all__ = [
     "compiled_pair_weights",
     "learn_logged_linear",
     "prepare",
+    "serve_linear_batch",
     "train_linear_batch",
     "train_mlp_batch",
 ]
@@ -125,7 +126,8 @@ class PDGDJob:
 
 @dataclass(frozen=True)
 class BatchResult:
-    """Per job (rows): final weights, and per interaction the query and the shown nDCG@k.
+    """Per job (rows): final weights, and per interaction the query and the shown nDCG@k;
+    from ``serve_linear_batch`` also the shown rankings and their clicks.
 
     Step ``s`` of a job that ran fewer steps holds query -1 and nDCG ``nan``.
     """
@@ -133,6 +135,9 @@ class BatchResult:
     weights: np.ndarray  # (jobs, n_features) float64
     queries: np.ndarray  # (jobs, steps) int64
     ndcg: np.ndarray  # (jobs, steps) float64
+    #: (jobs, steps, k) int64: shown documents (offsets in the query), -1 past the list
+    rankings: np.ndarray | None = None
+    clicks: np.ndarray | None = None  # (jobs, steps, k) bool, False past the list
 
 
 _TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDictionary()
@@ -179,6 +184,16 @@ def train_linear_batch(
     return _chunked(train, jobs, k, 0)
 
 
+def serve_linear_batch(
+    train: QuerySet, jobs: Sequence[PDGDJob], k: int = SERP_LENGTH
+) -> BatchResult:
+    """Show every job's users ``n_steps`` rankings from its (linear) weights without learning:
+    the batched ``PDGDLearner.show`` of centralised PDGD's logging clients (the jobs' ``lr``
+    and ``clip`` are not used). Each job draws what ``serve`` would (query, Gumbel noise, click
+    uniforms), in its order. The result's ``rankings`` and ``clicks`` hold what was shown."""
+    return _chunked(train, jobs, k, 0, record=True)
+
+
 def train_mlp_batch(
     train: QuerySet, jobs: Sequence[PDGDJob], hidden: int, k: int = SERP_LENGTH
 ) -> BatchResult:
@@ -189,26 +204,39 @@ def train_mlp_batch(
     return _chunked(train, jobs, k, hidden)
 
 
-def _chunked(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> BatchResult:
+def _chunked(
+    train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int, record: bool = False
+) -> BatchResult:
     """``_train`` on at most ``CHUNK`` jobs at a time, in job order: the same draws and results
     (jobs sharing a generator still draw one after the other), with bounded buffers."""
     if len(jobs) <= CHUNK:
-        return _train(train, jobs, k, hidden)
-    parts = [_train(train, jobs[i : i + CHUNK], k, hidden) for i in range(0, len(jobs), CHUNK)]
+        return _train(train, jobs, k, hidden, record)
+    parts = [
+        _train(train, jobs[i : i + CHUNK], k, hidden, record) for i in range(0, len(jobs), CHUNK)
+    ]
     steps = max(r.queries.shape[1] for r in parts)
     queries = np.full((len(jobs), steps), -1, dtype=np.int64)
     ndcg = np.full((len(jobs), steps), np.nan)
+    rankings = np.full((len(jobs), steps, k), -1, dtype=np.int64) if record else None
+    clicks = np.zeros((len(jobs), steps, k), dtype=np.bool_) if record else None
     at = 0
     for r in parts:
         n, m = r.queries.shape
         queries[at : at + n, :m] = r.queries
         ndcg[at : at + n, :m] = r.ndcg
+        if record:
+            rankings[at : at + n, :m] = r.rankings
+            clicks[at : at + n, :m] = r.clicks
         at += n
-    return BatchResult(np.concatenate([r.weights for r in parts]), queries, ndcg)
+    weights = np.concatenate([r.weights for r in parts])
+    return BatchResult(weights, queries, ndcg, rankings, clicks)
 
 
-def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> BatchResult:
-    """Both trainers: ``hidden`` 0 for linear rankers."""
+def _train(
+    train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int, record: bool = False
+) -> BatchResult:
+    """Both trainers: ``hidden`` 0 for linear rankers; ``record`` (linear only): keep the
+    shown rankings and clicks."""
     n_feat = train.n_features
     n_params = n_feat * hidden + 2 * hidden if hidden else n_feat
     if not jobs:
@@ -240,11 +268,15 @@ def _train(train: QuerySet, jobs: Sequence[PDGDJob], k: int, hidden: int) -> Bat
     train_linear, draw, step, n_threads = pdgd_kernel.use_threads(len(jobs), int(steps.sum()))
     features = train.features
     if not hidden:
+        n_rec = len(jobs) if record else 0
+        served = np.full((n_rec, int(steps.max()), k), -1, dtype=np.int64)
+        seen = np.zeros(served.shape, dtype=np.bool_)
         query, shown = train_linear(
             ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
             features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
+            served, seen,
         )  # fmt: skip
-        return BatchResult(w, query, shown)
+        return BatchResult(w, query, shown, *((served, seen) if record else ()))
     query, gptr, uptr, gumbel, uniform, shown = draw(
         ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
     )

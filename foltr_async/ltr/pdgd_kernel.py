@@ -608,12 +608,15 @@ def _chunks(n_jobs, n_threads):
 @jit(inline="always")
 def _train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads,
+    ideal, tables, n_grades, params, w, n_threads, served, seen,
 ):  # fmt: skip
     """A whole batch of linear learners in one call: ``draw``, then every job's interactions
     (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
     jobs in parallel. Returns ``draw``'s ``query`` and the shown nDCG@k (``step``'s
-    arguments otherwise, ``n_threads`` the threads in force)."""
+    arguments otherwise, ``n_threads`` the threads in force). When ``served`` has rows (jobs,
+    steps, k), each interaction's shown documents (offsets in the query) go to ``served[j, s]``
+    and its clicks to ``seen[j, s]`` (entries past the shown list untouched), and nothing is
+    learned (serving: the weights stay as they were)."""
     query, gptr, uptr, gumbel, uniform, ndcg = _draws(
         ptrs, owned, owned_ptr, steps, sizes, k, shared
     )
@@ -624,7 +627,7 @@ def _train_linear(
     bounds = _chunks(steps.size, n_threads)
     for c in prange(bounds.size - 1):
         work = workspace(k, max_docs)
-        coef, top_i = work[5], work[1]
+        coef, top_i, clicked = work[5], work[1], work[2]
         grad = np.empty(w.shape[1])
         for j in range(bounds[c], bounds[c + 1]):
             wj = w[j]
@@ -636,7 +639,11 @@ def _train_linear(
                     j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
                     discount, ideal, tables, n_grades, params, ndcg, k, work,
                 )  # fmt: skip
-                if m:
+                if served.shape[0]:
+                    for i in range(min(k, n)):
+                        served[j, s, i] = top_i[i]
+                        seen[j, s, i] = clicked[i]
+                if m and not served.shape[0]:
                     _linear_grad(grad, coef, top_i, m, features, first)
                     _ascend(w, j, grad, params)
     return query, ndcg
@@ -645,24 +652,24 @@ def _train_linear(
 @_parallel
 def train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads,
+    ideal, tables, n_grades, params, w, n_threads, served, seen,
 ):  # fmt: skip
     """``_train_linear``, jobs in parallel (``use_threads`` picks it)."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads,
+        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
     )  # fmt: skip
 
 
 @jit
 def _train_linear_serial(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads,
+    ideal, tables, n_grades, params, w, n_threads, served, seen,
 ):  # fmt: skip
     """``_train_linear``, one job after the other."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads,
+        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
     )  # fmt: skip
 
 
