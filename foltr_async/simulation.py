@@ -28,6 +28,7 @@ from foltr_async.contract import (
 )
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import grade_scale
+from foltr_async.ltr.threads import one_blas_thread
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
@@ -402,8 +403,13 @@ class Simulation:
             await self.proto.act(agent, action)
 
     async def run(self) -> dict:
-        """One run, in the steps below: start the clock, build, plan, make the server, resume
-        from a checkpoint if there is one, start the agents, play, stop, collect the results."""
+        """One run (BLAS on one thread: ``threads.one_blas_thread``)."""
+        with one_blas_thread():
+            return await self._run()
+
+    async def _run(self) -> dict:
+        """The run's steps: start the clock, build, plan, make the server, resume from a
+        checkpoint if there is one, start the agents, play, stop, collect the results."""
         self._start_clock()
         self.build()
         self._data_event()

@@ -112,3 +112,50 @@ def test_bench_times_the_kernel_at_each_thread_count(capsys, mq2008_dir):
     assert "serial_share" in rows[1] and "serial_share" not in rows[0]
     assert all(r["queries_per_s"] > 0 and r["queries_per_cpu_s"] > 0 for r in rows)
     assert res["meta"]["kernel"]["threads"] == res["pdgd_kernel"]["threads"] == 2
+
+
+def blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return max(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+
+
+def test_a_run_uses_one_blas_thread_unless_the_user_set_a_count(monkeypatch, mq2008_dir):
+    """A library caller's numpy has a BLAS thread per core; a run limits it to one for its
+    duration (many small products from one event loop), unless the user set a count."""
+    from foltr_async.observe.observer import Observer
+    from foltr_async.protocols.online import ModelStrategy
+    from foltr_async.runtime.clock import run
+    from foltr_async.scenario.load import validate
+    from foltr_async.simulation import Simulation
+
+    for name in threads.BLAS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    before = blas_threads()
+    seen = []
+    with threads.one_blas_thread():
+        seen.append(blas_threads())
+    assert seen == [1] and blas_threads() == before
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(before))
+    with threads.one_blas_thread():
+        assert blas_threads() == before  # the user's choice stands
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+
+    cfg = validate(
+        {
+            "dataset": {"path": str(mq2008_dir)},
+            "federation": {"protocol": "fpdgd", "clients": 2, "rounds": 1},
+        },
+        "test",
+    )
+    measured = ModelStrategy.evaluate
+
+    def evaluate(strategy):
+        seen.append(blas_threads())
+        return measured(strategy)
+
+    monkeypatch.setattr(ModelStrategy, "evaluate", evaluate)
+    run(Simulation(cfg, 0, Observer()).run())
+    assert seen[1:] and set(seen[1:]) == {1}  # the server's evaluations ran on one thread
+    assert blas_threads() == before

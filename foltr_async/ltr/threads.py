@@ -7,14 +7,44 @@ imports nothing heavy, so the CLI can set it before numba is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from foltr_async.errors import FoltrError
 
-__all__ = ["ENV", "cores", "facts", "layer", "per_process", "set_threads", "threads"]
+__all__ = [
+    "BLAS_ENV",
+    "ENV",
+    "cores",
+    "facts",
+    "layer",
+    "one_blas_thread",
+    "per_process",
+    "set_threads",
+    "threads",
+]
 
 #: environment variable with the default thread count (the CLI's ``--threads`` overrides it)
 ENV = "FOLTR_ASYNC_THREADS"
+#: BLAS thread counts: ``python -m foltr_async`` sets each to 1 before numpy loads (a value the
+#: user set wins)
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager:
+    """A run's BLAS on one thread, unless the user set a count (``BLAS_ENV``).
+
+    A run makes many small products from one event loop, where BLAS's own threads only spin and
+    contend; the CLI sets the count before numpy loads, but a library caller (a notebook, a
+    script) has numpy loaded with a thread per core: a 300-round MLP(64) non-IID run took 18-27
+    user s that way against 5-6 on one thread (docs/PERFORMANCE.md).
+    """
+    if any(name in os.environ for name in BLAS_ENV):
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
+
 
 _chosen: int | None = None
 
