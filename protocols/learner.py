@@ -97,7 +97,8 @@ class PDGDLearner:
         #: so a run prepares it before its rounds start)
         self.pool = train_pool(ctx) if lr is not None and batch_kind(self.ranker) else None
         #: the run's pool batching ``show`` (made before the rounds start, like ``pool``)
-        self.show_pool = show_pool(ctx) if shows and self.shows_batched else None
+        linear = isinstance(self.ranker, LinearRanker)
+        self.show_pool = show_pool(ctx) if shows and linear and self._kernel_users else None
 
     def serve(self, q: int, users: Users | None = None) -> Served:
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
@@ -109,27 +110,20 @@ class PDGDLearner:
         return Served(features, scores, ranking, users.show(q, ranking))
 
     @property
-    def batched(self) -> bool:
-        """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
+    def _kernel_users(self) -> bool:
+        """Whether the compiled kernel draws what these users would: cascade users drawing
+        queries at random, no shared data (for ``learn`` and ``show`` alike)."""
+        users = self.users
         return (
-            self.pool is not None
-            and self.mu == 0.0
-            and self.shared_users is None
-            and isinstance(self.users.click_model, CascadeModel)
-            and self.users.arrivals is None
+            self.shared_users is None
+            and isinstance(users.click_model, CascadeModel)
+            and users.arrivals is None
         )
 
     @property
-    def shows_batched(self) -> bool:
-        """Whether ``show`` can go to the compiled serving pass (which draws what ``serve``
-        would): a linear ranker, cascade users drawing queries at random, no shared data."""
-        users = self.users
-        return (
-            isinstance(self.ranker, LinearRanker)
-            and isinstance(users.click_model, CascadeModel)
-            and users.arrivals is None
-            and self.shared_users is None
-        )
+    def batched(self) -> bool:
+        """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
+        return self.pool is not None and self.mu == 0.0 and self._kernel_users
 
     async def show(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` queries shown from the ranker's current weights, each as ``serve`` shows it:

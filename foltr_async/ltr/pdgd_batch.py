@@ -276,7 +276,9 @@ def _train(
             features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
             served, seen,
         )  # fmt: skip
-        return BatchResult(w, query, shown, *((served, seen) if record else ()))
+        if not record:
+            served = seen = None
+        return BatchResult(w, query, shown, served, seen)
     query, gptr, uptr, gumbel, uniform, shown = draw(
         ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
     )
