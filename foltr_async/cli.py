@@ -131,6 +131,14 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--json-logs", action="store_true", help="machine-readable log lines")
     p.add_argument(
+        "--events-level",
+        default="debug",
+        choices=("debug", "info", "warning", "error"),
+        help="lowest level written to OUT/events.jsonl (default debug: every round's "
+        "aggregation and every dropped message; info leaves those out, for long runs of small "
+        "federations)",
+    )
+    p.add_argument(
         "--track",
         action="append",
         default=[],
@@ -278,7 +286,12 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         raise FoltrError("--jobs / --executor: only with the memory transport")
     out = _out_dir(args, scenario)
     live = not args.quiet and sys.stdout.isatty()
-    configure_logging(events_path=out / "events.jsonl", json_logs=args.json_logs, console=live)
+    configure_logging(
+        events_path=out / "events.jsonl",
+        json_logs=args.json_logs,
+        console=live,
+        events_level=args.events_level,
+    )
     reporter = make_reporter(quiet=not live)
     if args.mlflow_uri is not None and "mlflow" not in args.track:
         raise FoltrError("--mlflow-uri: only with --track mlflow")

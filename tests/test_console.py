@@ -348,3 +348,18 @@ def test_final_column_fits_an_80_column_terminal():
     row = next(ln for ln in out.getvalue().splitlines() if ln.startswith("│ 9H-1M-unlearned "))
     assert "0.4123 ± 0.0000 (1)" in row and "…" not in row
     assert re.search(r"[▁▂▃▄▅▆▇█]{4,}", row)  # a shorter curve, still there
+
+
+def test_events_level_filters_the_file_only(tmp_path):
+    err = io.StringIO()
+    path = tmp_path / "events.jsonl"
+    configure_logging(
+        events_path=path, json_logs=False, console=False, stream=err, events_level="info"
+    )
+    log = structlog.get_logger()
+    log.debug("drop", reason="loss")
+    log.info("round", round=1)
+    close_logging()
+    assert [json.loads(ln)["event"] for ln in path.read_text().splitlines()] == ["round"]
+    with pytest.raises(ScenarioError, match="events level"):
+        configure_logging(events_path=None, json_logs=False, console=False, events_level="loud")

@@ -379,3 +379,32 @@ def test_a_throttled_writer_rewrites_after_a_repeat_only_when_due_and_always_at_
     assert 1 < written() < 80
     w.run_done({})
     assert written() == 80 and json.loads(w.json_path.read_text())["complete"] is True
+
+
+def test_events_level_info_leaves_the_per_round_lines_out_and_the_results_alone(
+    tmp_path, mq2008_dir
+):
+    from foltr_async.cli import main
+
+    path = tmp_path / "ev.toml"
+    path.write_text(
+        f'[scenario]\nname = "ev"\nseed = 1\n[dataset]\npath = "{mq2008_dir.as_posix()}"\n'
+        '[federation]\nprotocol = "fpdgd"\nclients = 3\nqueries_per_client = 2\nrounds = 4\n'
+    )
+    runs = {}
+    for level in ("debug", "info"):
+        out = tmp_path / level
+        assert main(["run", str(path), "--quiet", "--out", str(out), "--events-level", level]) == 0
+        lines = (out / "events.jsonl").read_text().splitlines()
+        runs[level] = (
+            [json.loads(line) for line in lines],
+            json.loads(out.joinpath("results.json").read_text())["variants"],
+        )
+    debug, info = runs["debug"][0], runs["info"][0]
+    assert sum(e["event"] == "aggregation" for e in debug) == 4
+    assert not any(e["level"] == "debug" for e in info)
+    assert [e["event"] for e in info] == [e["event"] for e in debug if e["level"] != "debug"]
+    for name, variant in runs["debug"][1].items():
+        (a,) = variant["repeats"]
+        (b,) = runs["info"][1][name]["repeats"]
+        assert a["offline"] == b["offline"]

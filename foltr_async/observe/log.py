@@ -3,8 +3,9 @@
 Every event logged through ``structlog.get_logger()`` (with its bound or contextvar context such
 as variant, repeat, round) goes to two sinks from one processor chain:
 
-- ``events.jsonl`` in the out dir: one JSON object per line, every level from debug up, so
-  high-rate debug events (message drops) are kept for later analysis without reaching a screen;
+- ``events.jsonl`` in the out dir: one JSON object per line, every level from debug up (or from
+  ``events_level``), so high-rate debug events (message drops, every round's aggregation) are
+  kept for later analysis without reaching a screen;
 - stderr: readable ``key=value`` lines (or JSON lines with ``json_logs``) from ``level`` up, and
   only warnings and errors while the rich live console owns the terminal.
 
@@ -102,8 +103,10 @@ class _Sinks:
         stderr_level: int,
         json_logs: bool,
         stream: IO[str] | None,
+        file_level: int = LEVELS["debug"],
     ) -> None:
         self.file = file
+        self.file_level = file_level
         self.stderr_level = stderr_level
         self.json_logs = json_logs
         self.stream = stream
@@ -113,7 +116,7 @@ class _Sinks:
     def emit(self, ev: dict) -> None:
         level = LEVELS.get(ev.get("level", "info"), 20)
         with self.lock:
-            if self.file is not None and not self.file.closed:
+            if self.file is not None and not self.file.closed and level >= self.file_level:
                 if level >= LEVELS["info"]:  # the rest survive a kill
                     self._write_held()
                     self.file.write(render_json(ev) + "\n")
@@ -178,17 +181,22 @@ def configure_logging(
     level: str = "info",
     console: bool,
     stream: IO[str] | None = None,
+    events_level: str = "debug",
 ) -> None:
     """(Re)configure structlog for a run; closes the events file of any earlier configuration.
 
-    ``level`` is the stderr threshold; the events file always gets debug and up. With
+    ``level`` is the stderr threshold, ``events_level`` the events file's (below both, a log
+    call returns at once: a 10-client round's debug ``aggregation`` line costs more than a tenth
+    of the round). With
     ``console`` (rich live display active) stderr only gets warnings and errors. ``stream``
     replaces stderr (tests; default: ``sys.stderr`` at the time of each write).
     """
-    name = str(level).lower()
-    if name not in LEVELS:
-        raise ScenarioError(f"log level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    name, file_name = str(level).lower(), str(events_level).lower()
+    for what, value in (("log level", name), ("events level", file_name)):
+        if value not in LEVELS:
+            raise ScenarioError(f"{what}: expected one of {', '.join(LEVELS)}, got {value!r}")
     stderr_level = max(LEVELS[name], LEVELS["warning"]) if console else LEVELS[name]
+    file_level = LEVELS[file_name]
     with _state_lock:
         _shutdown_locked()
         file = None
@@ -196,8 +204,8 @@ def configure_logging(
             path = Path(events_path)
             path.parent.mkdir(parents=True, exist_ok=True)
             file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close_logging
-        sinks = _Sinks(file, stderr_level, json_logs, stream)
-        min_level = min(stderr_level, LEVELS["debug"]) if file is not None else stderr_level
+        sinks = _Sinks(file, stderr_level, json_logs, stream, file_level)
+        min_level = min(stderr_level, file_level) if file is not None else stderr_level
         structlog.configure(
             processors=[
                 structlog.contextvars.merge_contextvars,
