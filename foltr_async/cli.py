@@ -10,8 +10,11 @@ took part (results are kept); 130 interrupted (results written so far are kept).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import traceback
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -218,6 +221,25 @@ def _add_set(p: argparse.ArgumentParser, help: str) -> None:
     )
 
 
+@contextmanager
+def _sigterm_as_ctrl_c():
+    """A SIGTERM (``kill``'s default, a batch scheduler's stop) ends a run as Ctrl-C does:
+    ``--jobs`` workers are stopped rather than left computing, and what was written is kept.
+    Python's default SIGTERM ends the process without that cleanup."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -303,7 +325,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         reporter = Observers([reporter, *trackers])
     remote = _zmq_server(args, scenario, serve, out) if zmq else None
     try:
-        with reporter if hasattr(reporter, "__enter__") else _nullcontext():
+        with _sigterm_as_ctrl_c(), reporter if hasattr(reporter, "__enter__") else _nullcontext():
             results = run_scenario(
                 scenario,
                 out,

@@ -180,3 +180,70 @@ def test_parallel_jobs_start_longest_first_and_equal_costs_keep_their_order(tmp_
     assert rest == [
         (n, r) for r in range(2) for n in ("fedavg", "attacked-fedavg", "attacked-median")
     ]
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_sigterm_to_a_jobs_run_stops_its_workers_as_ctrl_c_does(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "long.toml"
+    path.write_text(SCENARIO.replace("rounds = 6", "rounds = 1000000").replace("repeats = 2", ""))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "foltr_async", str(path), "--jobs", "2", "--quiet"]
+        + ["--out", str(tmp_path / "out")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline:  # two job processes and more
+        time.sleep(0.5)
+        workers = {p for p in _children(run.pid) if "spawn_main" in _cmdline(p)}
+    try:
+        assert len(workers) == 2, "the run's two workers did not start"
+        time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)  # to the parent only, as a scheduler does
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 130 and "interrupted" in err
+        deadline = time.monotonic() + 30
+        while any(_state(p) != "Z" for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_state(p) == "Z" for p in workers), "workers left running"
+    finally:  # a failure must not leave million-round jobs running
+        run.kill()
+        for p in workers:
+            if _state(p) != "Z":
+                os.kill(p, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "Z"
+    return stat[stat.rindex(")") + 2 :].split()[0]
