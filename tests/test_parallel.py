@@ -186,15 +186,19 @@ def _children(pid: int) -> set[int]:
     """The live processes whose parent is ``pid`` (from /proc)."""
     out = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.add(int(entry.name))
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry.name))
     return out
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent, ...); None: gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
@@ -242,8 +246,6 @@ def _cmdline(pid: int) -> str:
 
 
 def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "Z"
-    return stat[stat.rindex(")") + 2 :].split()[0]
+    """A process's state letter; "Z" also for one already gone."""
+    fields = _stat(pid)
+    return "Z" if fields is None else fields[0]
