@@ -37,6 +37,16 @@ def test_one_run_gives_its_table(runs):
     out = table(str(runs / "perfect"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("| variant | nDCG@10 |") and "| reference |" in out.stdout
+    # the last two columns: Holm and Bonferroni over the run's comparisons, as results.json
+    # records them (Bonferroni: the published studies' correction, m x p)
+    res = json.loads((runs / "perfect" / "results.json").read_text())
+    m = sum(1 for c in res["comparisons"] if c["p_value"] is not None)
+    lines = out.stdout.splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines}
+    assert rows["variant"][-2:] == ["Holm p", "Bonferroni p |"]
+    for c in res["comparisons"]:
+        assert c["p_bonferroni"] == min(1.0, m * c["p_value"])
+        assert rows[c["variant"]][-1].rstrip(" |") == f"{c['p_bonferroni']:.2g}"
 
 
 def test_runs_side_by_side_give_each_difference_against_its_own_reference(runs):

@@ -66,6 +66,15 @@ def test_holm_matches_the_step_down_definition_and_keeps_missing_tests_out():
     assert holm([None]) == [None] and holm([]) == []
 
 
+def test_bonferroni_multiplies_by_the_tests_and_never_rejects_more_than_holm():
+    from foltr_async.observe.stats import bonferroni, holm
+
+    assert bonferroni([0.04, None, 0.01, 0.02]) == pytest.approx([0.12, None, 0.03, 0.06])
+    assert bonferroni([0.5, 0.6]) == [1.0, 1.0] and bonferroni([None]) == [None]
+    ps = list(np.random.default_rng(3).uniform(0, 0.05, 12))
+    assert all(b >= h for b, h in zip(bonferroni(ps), holm(ps), strict=True))
+
+
 @pytest.mark.parametrize("n", [3, 5, 25])
 def test_detectable_difference_is_found_with_the_stated_power(n):
     """Simulated paired t-tests at the returned difference reject at alpha 0.05 in ~80 % of

@@ -3,15 +3,16 @@
     python tools/repro_table.py results/repro_unlearning/<time>/results.json [--only PREFIX ...]
 
 Per variant: final offline nDCG@10 and expected MaxRR@10 (mean ± sample std, n repeats = folds x
-seeds), the online discounted nDCG@10, and the paired difference to the reference with its raw and
-Holm-adjusted p (as results.json holds them); unlearned variants add their calibration cost
-against re-training from scratch; ``--metric NAME`` adds another final offline metric as a
-column (e.g. FedIPS's ndcg@5, FedPer's ndcg@10_personal); CS-F-LTR runs add a table of the
-reverse top-K's cover rate and query time. ``--conclusions`` adds the unlearning sentences of
-the current code (``foltr_async.experiment.conclusions``). ``--power`` prints instead, per
-comparison, what its n repeats could find: the spread of the paired differences and the smallest
-mean difference a paired t-test detects with 80 % power at alpha 0.05, and at 0.05 / m
-(Bonferroni over the run's m comparisons, the strictest step of Holm).
+seeds), the online discounted nDCG@10, and the paired difference to the reference with its raw,
+Holm-adjusted and Bonferroni-adjusted p (the published studies' correction; results written
+before it was recorded get it from the raw p and the run's comparisons); unlearned variants add
+their calibration cost against re-training from scratch; ``--metric NAME`` adds another final
+offline metric as a column (e.g. FedIPS's ndcg@5, FedPer's ndcg@10_personal); CS-F-LTR runs add
+a table of the reverse top-K's cover rate and query time. ``--conclusions`` adds the unlearning
+sentences of the current code (``foltr_async.experiment.conclusions``). ``--power`` prints
+instead, per comparison, what its n repeats could find: the spread of the paired differences and
+the smallest mean difference a paired t-test detects with 80 % power at alpha 0.05, and at
+0.05 / m (Bonferroni over the run's m comparisons, the strictest step of Holm).
 
 Given several runs of one file (e.g. one per click model), prints one table instead: per
 variant its paired difference to each run's reference with the Holm p, a column per run:
@@ -28,7 +29,7 @@ from pathlib import Path
 from foltr_async.errors import FoltrError
 from foltr_async.merge import load_results
 from foltr_async.observe.results import paired_finals
-from foltr_async.observe.stats import detectable_difference, summarise
+from foltr_async.observe.stats import bonferroni, detectable_difference, summarise
 
 
 def _ms(s: dict | None, fmt: str = ".4f") -> str:
@@ -86,8 +87,11 @@ def csfltr_table(results: dict, only: list[str]) -> str:
 
 
 def _comparisons(results: dict) -> dict[str, dict]:
-    """A run's paired comparisons with its reference, by variant."""
-    return {c["variant"]: c for c in results.get("comparisons", [])}
+    """A run's paired comparisons with its reference, by variant (``p_bonferroni`` filled in
+    for results written before it was recorded)."""
+    comps = results.get("comparisons", [])
+    adjusted = bonferroni([c.get("p_value") for c in comps])
+    return {c["variant"]: {"p_bonferroni": b, **c} for c, b in zip(comps, adjusted, strict=True)}
 
 
 def table(results: dict, only: list[str], extra: list[str] | None = None) -> str:
@@ -96,8 +100,8 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
     rows = [
         "| variant | nDCG@10 | MaxRR@10 | "
         + "".join(f"{m} | " for m in extra)
-        + "online nDCG@10 | n | Δ nDCG@10 vs ref | p | Holm p |",
-        "|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|",
+        + "online nDCG@10 | n | Δ nDCG@10 vs ref | p | Holm p | Bonferroni p |",
+        "|---|---|---|" + "---|" * len(extra) + "---|---|---|---|---|---|",
     ]
     costs = []
     for name, entry in results["variants"].items():
@@ -114,7 +118,7 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
             + "".join(f"{_ms(final.get(m))} | " for m in extra)
             + f"{_ms(s['online'].get('ndcg@10_discounted'), '.1f')} | "
             f"{final.get('ndcg@10', {}).get('n', 0)} | {delta} | {_p(c.get('p_value'))} | "
-            f"{_p(c.get('p_holm'))} |"
+            f"{_p(c.get('p_holm'))} | {_p(c.get('p_bonferroni'))} |"
         )
         unl = [r["unlearning"] for r in entry["repeats"] if r.get("unlearning")]
         if unl:

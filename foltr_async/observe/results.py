@@ -25,7 +25,14 @@ import structlog
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
-from foltr_async.observe.stats import PAIRED_TEST, curve, holm, paired_test, summarise
+from foltr_async.observe.stats import (
+    PAIRED_TEST,
+    bonferroni,
+    curve,
+    holm,
+    paired_test,
+    summarise,
+)
 from foltr_async.observe.timecurve import AXES, at_common, is_timed
 
 _log = structlog.get_logger("foltr_async.observe.results")
@@ -221,7 +228,8 @@ def paired_finals(
 
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
     """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
-    is the p-value Holm-adjusted over all the scenario's comparisons."""
+    and ``p_bonferroni`` are the p-value adjusted over all the scenario's comparisons (Holm,
+    which the verdicts use; Bonferroni, which the published studies use)."""
     if reference is None or reference not in variants:
         return []
     out = []
@@ -241,8 +249,10 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
                 "n": len(mine),
             }
         )
-    for comp, adjusted in zip(out, holm([c["p_value"] for c in out]), strict=True):
-        comp["p_holm"] = adjusted
+    raw = [c["p_value"] for c in out]
+    for comp, by_holm, by_bonferroni in zip(out, holm(raw), bonferroni(raw), strict=True):
+        comp["p_holm"] = by_holm
+        comp["p_bonferroni"] = by_bonferroni
     return out
 
 
@@ -316,7 +326,8 @@ def render_summary_md(results: dict) -> str:
     if ref is not None:
         lines.append(
             f"Δ = mean paired difference vs reference `{ref}`; p from a {PAIRED_TEST}; "
-            "Holm = p adjusted over all the comparisons with the reference."
+            "Holm (and Bonferroni, the published studies' correction) = p adjusted over all the "
+            "comparisons with the reference."
         )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
@@ -340,6 +351,8 @@ def render_summary_md(results: dict) -> str:
             p = "n/a" if c["p_value"] is None else f"{c['p_value']:.3g}"
             if c.get("p_holm") is not None:
                 p += f", Holm {c['p_holm']:.3g}"
+            if c.get("p_bonferroni") is not None:
+                p += f", Bonferroni {c['p_bonferroni']:.3g}"
             delta = f"{c['diff_mean']:+.4f} (p={p}, n={c['n']})"
         else:
             delta = "–"

@@ -100,6 +100,14 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     return out
 
 
+def bonferroni(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Bonferroni adjusted p-values (m x p, capped at 1), in input order; m counts the tests
+    (None stays None). The correction the published FOLTR studies use (thesis §2.2.1); Holm
+    rejects at least as much, so a Holm-significant result can fail it."""
+    m = sum(p is not None for p in pvalues)
+    return [None if p is None else min(1.0, m * float(p)) for p in pvalues]
+
+
 def curve(rounds: Sequence[Sequence[int]], values: Sequence[Sequence[float | None]]) -> dict:
     """Mean and sample std per round over repeats whose evaluated rounds may differ.
 
