@@ -539,7 +539,11 @@ def _run_scenario(
                 stop.requested = True
                 main.cancel()
 
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
+            # SIGTERM (kill, a batch scheduler) takes the same graceful path as Ctrl-C; the
+            # CLI's own SIGTERM handler is put back when the loop is done with it
+            sigterm = signal.getsignal(signal.SIGTERM)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, on_sigint)
             await remote.start()
             try:
                 for rep, seed, name, cfg in todo:
@@ -559,6 +563,9 @@ def _run_scenario(
                         finish(name, rep, await sim.run())
             finally:
                 await remote.close()
+                loop.remove_signal_handler(signal.SIGTERM)
+                if sigterm is not None:  # None: set outside Python, nothing to put back
+                    signal.signal(signal.SIGTERM, sigterm)
 
         try:
             run_loop(drive(), virtual=False)

@@ -637,7 +637,9 @@ def test_tampered_agent_state_sent_on_resume_is_refused_by_the_worker_and_counte
     assert [e for e in events(out) if e["event"] == "worker_error"]
 
 
-def test_ctrl_c_stops_server_and_workers_and_keeps_written_results(tmp_path, mq2008_dir):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_stops_server_and_workers_and_keeps_written_results(tmp_path, mq2008_dir, signum):
+    """SIGTERM (kill, a batch scheduler) takes Ctrl-C's graceful path; it once hung the run."""
     path = write_scenario(
         tmp_path / "z.toml",
         mq2008_dir,
@@ -666,7 +668,7 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_written_results(tmp_path, mq2
             lambda: any(e["event"] == "round" and e.get("variant") == "b" for e in events(out)),
             what="variant b running",
         )
-        run.send_signal(signal.SIGINT)
+        run.send_signal(signum)
         assert run.wait(timeout=60) == 130
     finally:
         run.kill()
