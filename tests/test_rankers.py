@@ -110,3 +110,16 @@ def test_large_inputs_are_scored_in_chunks_with_the_same_result():
         np.testing.assert_allclose(s, np.concatenate([r.score(X[:7]), r.score(X[7:])]), rtol=1e-12)
         if isinstance(r, LinearRanker):
             np.testing.assert_allclose(s, X.astype(np.float64) @ r.get_params(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [2047, 2049, 4096, 8193, 42_182])
+def test_many_float32_rows_score_bit_for_bit_as_numpys_own_upcast(n):
+    """Held-out sets are upcast a block at a time into one reused buffer; the scores must not
+    move by a bit, or evaluation (and every reported nDCG) would change with the speed-up."""
+    rng = np.random.default_rng(n)
+    X = rng.random((n, 136)).astype(np.float32)
+    r = LinearRanker(136)
+    r.set_params(rng.normal(size=136))
+    w = r.get_params()
+    expected = np.concatenate([X[i : i + 8192] @ w for i in range(0, n, 8192)])
+    np.testing.assert_array_equal(r.score(X), expected)
