@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-_CHUNK = 8192  # rows scored at once
-_CAST_ROWS = 2048  # float32 rows upcast at once by linear_scores (2.2 MB at 136 features)
+_CHUNK = 8192  # rows scored in one call; a larger input goes in blocks
+_BLOCK = 2048  # rows per block of a larger input (2.2 MB as float64 at 136 features: in cache)
 
 
 class Ranker(ABC):
@@ -47,20 +47,27 @@ class Ranker(ABC):
     def score(self, features: np.ndarray) -> np.ndarray:
         """float64 scores of any (n, n_features) array: one query or a whole QuerySet.
 
-        Large inputs go in row chunks: float32 features are upcast per chunk, so a held-out
-        evaluation never materialises a float64 copy of the whole feature matrix.
+        More than ``_CHUNK`` rows (a large held-out set) go in blocks of ``_BLOCK``, float32 ones
+        upcast into one reused float64 buffer that stays in cache: no float64 copy of the whole
+        matrix, nor a fresh one per block, and the same products bit for bit (timings in
+        docs/PERFORMANCE.md, "Held-out scoring").
         """
         n = features.shape[0]
         if n <= _CHUNK:
             return self._score(features)
         out = np.empty(n, dtype=np.float64)
-        for i in range(0, n, _CHUNK):
-            out[i : i + _CHUNK] = self._score(features[i : i + _CHUNK])
+        buffer = None if features.dtype == np.float64 else np.empty((_BLOCK, features.shape[1]))
+        for i in range(0, n, _BLOCK):
+            rows = features[i : i + _BLOCK]
+            if buffer is not None:
+                np.copyto(buffer[: rows.shape[0]], rows)
+                rows = buffer[: rows.shape[0]]
+            out[i : i + _BLOCK] = self._score(rows)
         return out
 
     @abstractmethod
     def _score(self, features: np.ndarray) -> np.ndarray:
-        """Scores of at most one chunk of rows."""
+        """Scores of at most ``_CHUNK`` rows."""
 
     @abstractmethod
     def grad(self, features: np.ndarray, doc_weights: np.ndarray) -> np.ndarray:
@@ -69,29 +76,6 @@ class Ranker(ABC):
     @abstractmethod
     def copy(self) -> Ranker:
         """An independent ranker with the same parameters."""
-
-
-def linear_scores(features: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``features @ w`` into ``out`` in row chunks: the linear product of ``LinearRanker.score``
-    (batched PDGD scores in its compiled kernel instead, equal up to float rounding).
-
-    More float32 rows than one chunk (a large held-out set) are upcast a block at a time into
-    one reused float64 buffer that stays in cache: the same product, bit for bit, as numpy's own
-    upcast, which writes a fresh copy of every chunk (mslr-like's 42,182 test rows: ~4.4-5.6 ->
-    ~3.2-4.0 CPU ms); fewer rows gain nothing from it.
-    """
-    n = features.shape[0]
-    if features.dtype == np.float64 or n <= _CHUNK:
-        for i in range(0, n, _CHUNK):
-            np.matmul(features[i : i + _CHUNK], w, out=out[i : i + _CHUNK])
-        return out
-    buffer = np.empty((_CAST_ROWS, features.shape[1]))
-    for i in range(0, n, _CAST_ROWS):
-        rows = features[i : i + _CAST_ROWS]
-        block = buffer[: rows.shape[0]]
-        np.copyto(block, rows)
-        np.matmul(block, w, out=out[i : i + _CAST_ROWS])
-    return out
 
 
 class LinearRanker(Ranker):
@@ -104,11 +88,9 @@ class LinearRanker(Ranker):
     def layer_slices(self) -> dict[str, slice]:
         return {"output": slice(0, self.n_features)}
 
-    def score(self, features: np.ndarray) -> np.ndarray:
-        # linear_scores chunks the rows itself (and reuses its upcast buffer across chunks)
-        return linear_scores(features, self._flat, np.empty(features.shape[0]))
-
-    _score = score
+    def _score(self, features: np.ndarray) -> np.ndarray:
+        # batched PDGD scores in its compiled kernel instead, equal up to float rounding
+        return features @ self._flat
 
     def grad(self, features: np.ndarray, doc_weights: np.ndarray) -> np.ndarray:
         # PDGD weights are non-zero on a handful of documents: skip the rest.
