@@ -465,6 +465,7 @@ class ZmqServer:
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
         req = self._run_out[peer] = next(self._req)  # now: a hello queued behind must not resend
+        self.hub.preparing.add(peer)  # building its agents, it cannot beat (reply_timeout bounds)
         asyncio.ensure_future(self._run_request(peer, msg, req))
 
     async def _run_request(self, peer: bytes, msg: dict, req: int) -> None:
@@ -473,6 +474,7 @@ class ZmqServer:
         finally:
             if self._run_out.get(peer) == req:
                 del self._run_out[peer]
+                self.hub.preparing.discard(peer)
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
         if reply["t"] == "error":  # e.g. agent state it refused to load
@@ -1027,7 +1029,11 @@ class WorkerRuntime:
                 repeat=msg["repeat"],
                 agents=len(msg["agents"]),
             )
-            return {"t": "ready", "states": self.host.start(msg["agents"])}
+            states = self.host.start(msg["agents"])
+            # the set-up blocked this loop (so the server's heartbeats waited unread): deaf,
+            # not abandoned, as the server knows while it waits for this answer
+            self.link.last_heard = time.monotonic()
+            return {"t": "ready", "states": states}
         host = self.host
         if host is None or host.run != run:
             return {"t": "error", "message": f"no run {run} here"}

@@ -369,6 +369,36 @@ async def test_a_stranger_gets_a_size_checked_hello_before_anything_is_unpacked(
         await hub.close(bye=False)
 
 
+async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_after():
+    """A worker that builds its run's agents (data, compiled code) blocks its own loop, so its
+    heartbeats stop: on a loaded machine a 2 s heartbeat timeout declared such workers lost
+    before round 1. While the server waits for its answer the silence is not a loss; after,
+    it is one again."""
+    import zmq.asyncio
+
+    from foltr_async.runtime.zmqbus import Hub
+
+    lost = []
+    hub = Hub("tcp://127.0.0.1:0", keys=None, heartbeat=0.05, timeout=0.3, on_lost=lost.append)
+    endpoint = await hub.start()
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.routing_id, sock.linger = b"worker", 0
+    sock.connect(endpoint)
+    try:
+        await sock.send_multipart([b"C", pack_control(HELLO)])
+        await _until(lambda: b"worker" in hub.peers)
+        hub.preparing.add(b"worker")
+        await asyncio.sleep(1.0)  # three timeouts of silence
+        assert lost == [] and b"worker" in hub.peers
+        hub.preparing.discard(b"worker")
+        await _until(lambda: lost == [b"worker"], timeout=2.0)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)
+
+
 async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive():
     """40 k junk control frames queued at once: the hub counts them all while the rest of its
     event loop (heartbeats, rounds) keeps running. The old receive loop handled every queued

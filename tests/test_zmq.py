@@ -461,7 +461,9 @@ def test_killed_worker_counts_as_dropped_and_a_restarted_one_rejoins(tmp_path, m
                 p.kill()
     replied = replies_per_round(out)
     assert sorted(replied) == list(range(1, 31))  # the run went on: every round played
-    assert replied[1] == 6 and replied[30] == 6  # ... and the restarted worker's clients rejoined
+    # both workers replied before the kill (round 1 may miss a worker still loading its
+    # compiled kernel on a loaded machine), and the restarted worker's clients rejoined
+    assert 6 in [replied[r] for r in range(1, killed_at + 1)] and replied[30] == 6
     assert 3 in replied.values()  # rounds while they were gone: only the other half replied
     names = [e["event"] for e in events(out) if e.get("variant") == "default"]  # in the run
     assert names.count("worker_lost") == 1 and names.count("worker_joined") == 3

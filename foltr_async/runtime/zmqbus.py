@@ -721,6 +721,9 @@ class Hub:
         self.on_refused = on_refused
         self.bus: HubBus | None = None
         self.peers: dict[bytes, _Peer] = {}
+        #: peers building a run's agents (blocking work: data, compiled code): their silence
+        #: meanwhile is not a loss; the server's wait for their answer bounds it
+        self.preparing: set[bytes] = set()
         self.endpoint = ""
         self.refused = 0
         self.dropped: Counter[str] = Counter()
@@ -902,7 +905,7 @@ class Hub:
                 p = self.peers.get(peer)
                 if p is None:
                     continue
-                if now - p.last_seen > self.timeout:
+                if now - p.last_seen > self.timeout and peer not in self.preparing:
                     self._lose(peer)
                 else:
                     self.send(peer, [b"C", pack_control({"t": "hb"})])
