@@ -298,6 +298,9 @@ class ZmqServer:
         check: Callable[[], None] | None = None,
         limits: WireLimits = DEFAULT_LIMITS,
     ) -> None:
+        #: worker -> its unanswered run request (it builds the run's agents meanwhile: the hub
+        #: does not count its silence)
+        self._run_out: dict[bytes, int] = {}
         self.hub = Hub(
             bind,
             keys=keys,
@@ -308,6 +311,7 @@ class ZmqServer:
             on_refused=self._on_refused,
             control=WORKER_CONTROL,
             limits=limits,
+            preparing=self._run_out,
         )
         self.limits = limits
         self.join_timeout = join_timeout
@@ -339,7 +343,6 @@ class ZmqServer:
         self.lost: set[str] = set()
         self.missing: list[str] = []
         self.n_clients = 0  # clients the workers host in this run
-        self._run_out: dict[bytes, int] = {}  # worker -> its unanswered run request
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -465,7 +468,6 @@ class ZmqServer:
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
         req = self._run_out[peer] = next(self._req)  # now: a hello queued behind must not resend
-        self.hub.preparing.add(peer)  # building its agents, it cannot beat (reply_timeout bounds)
         asyncio.ensure_future(self._run_request(peer, msg, req))
 
     async def _run_request(self, peer: bytes, msg: dict, req: int) -> None:
@@ -474,7 +476,6 @@ class ZmqServer:
         finally:
             if self._run_out.get(peer) == req:
                 del self._run_out[peer]
-                self.hub.preparing.discard(peer)
         if reply is None or self.sim is None or msg["run"] != self.run_id:
             return
         if reply["t"] == "error":  # e.g. agent state it refused to load

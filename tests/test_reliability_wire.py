@@ -378,8 +378,9 @@ async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_afte
 
     from foltr_async.runtime.zmqbus import Hub
 
-    lost = []
-    hub = Hub("tcp://127.0.0.1:0", keys=None, heartbeat=0.05, timeout=0.3, on_lost=lost.append)
+    lost, building = [], set()
+    hub = Hub("tcp://127.0.0.1:0", keys=None, heartbeat=0.05, timeout=0.3, on_lost=lost.append,
+              preparing=building)  # fmt: skip
     endpoint = await hub.start()
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -388,10 +389,10 @@ async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_afte
     try:
         await sock.send_multipart([b"C", pack_control(HELLO)])
         await _until(lambda: b"worker" in hub.peers)
-        hub.preparing.add(b"worker")
+        building.add(b"worker")
         await asyncio.sleep(1.0)  # three timeouts of silence
         assert lost == [] and b"worker" in hub.peers
-        hub.preparing.discard(b"worker")
+        building.discard(b"worker")
         await _until(lambda: lost == [b"worker"], timeout=2.0)
     finally:
         sock.close(linger=0)

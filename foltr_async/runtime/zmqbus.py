@@ -56,7 +56,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -709,6 +709,7 @@ class Hub:
         on_refused: Callable[[str, str], None] | None = None,
         control: Mapping[str, Spec] = HUB_CONTROL,
         limits: WireLimits = DEFAULT_LIMITS,
+        preparing: Container[bytes] = (),
     ) -> None:
         self.bind_address = bind
         self.limits = limits
@@ -723,7 +724,7 @@ class Hub:
         self.peers: dict[bytes, _Peer] = {}
         #: peers building a run's agents (blocking work: data, compiled code): their silence
         #: meanwhile is not a loss; the server's wait for their answer bounds it
-        self.preparing: set[bytes] = set()
+        self.preparing = preparing
         self.endpoint = ""
         self.refused = 0
         self.dropped: Counter[str] = Counter()
