@@ -513,6 +513,27 @@ def test_a_worker_whose_set_up_outlasts_the_heartbeat_timeout_is_not_lost(tmp_pa
     assert "server_lost" not in (tmp_path / "w.log").read_text().split("run_done")[0]
 
 
+def test_a_worker_silent_after_its_set_up_is_lost(tmp_path, mq2008_dir):
+    """Once a worker has built its run, its silence counts again: a stopped (SIGSTOP) worker,
+    its connection still open, is lost after the heartbeat timeout. A first version of the
+    set-up exemption never ended it, so such a worker was lost only when its connection closed."""
+    path = write_scenario(tmp_path / "z.toml", mq2008_dir, rounds=400, deadline=1.0)
+    port, out = free_port(), tmp_path / "out"
+    server = spawn("serve", str(path), "--bind", f"tcp://127.0.0.1:{port}", "--insecure",
+                   "--out", str(out), "--quiet", "--heartbeat-timeout", "2",
+                   log=tmp_path / "serve.log")  # fmt: skip
+    worker = spawn("join", str(path), "--connect", f"tcp://127.0.0.1:{port}", "--insecure",
+                   "--agents", "client-0..client-5", log=tmp_path / "w.log")  # fmt: skip
+    try:
+        wait_for(lambda: max(replies_per_round(out), default=0) >= 2, what="round 2")
+        worker.send_signal(signal.SIGSTOP)
+        wait_for(lambda: "worker_lost" in [e["event"] for e in events(out)], timeout=30,
+                 what="the stopped worker lost")  # fmt: skip
+    finally:
+        server.kill()
+        worker.kill()
+
+
 def test_a_serve_run_no_worker_joined_says_so_and_exits_3(tmp_path, mq2008_dir):
     """Only the server-hosted attacker trained: the old server said "run complete" and exited
     0. Now the console, summary.md and results.json say the clients never joined, and the
