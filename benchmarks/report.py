@@ -61,6 +61,7 @@ _SHOWN = (
     ("eval", "queries_per_s", "offline nDCG@10 queries/s", ""),
     ("foltr_es", "s_per_round", "round", "s"),
     ("bus", "us_per_update", "per client update", "us"),
+    ("bus", "floor_cpu_us_per_update", "bare asyncio + msgpack floor, CPU", "us"),
     ("bus", "msgs_per_s", "messages/s", ""),
     ("bus", "bytes_per_s", "bytes/s", ""),
     ("startup", "s", "start-up to round 1", "s"),

@@ -1,7 +1,8 @@
 """Suites ``bus`` and ``zmq``: what moving a message costs. ``bus``: coordination per client
 update on the memory bus with training stubbed out (echo clients speaking the FPDGD messages:
-encode, schedule, deliver, decode, replay check, FedAvg). ``zmq``: FPDGD update envelopes from
-a sender process to this one over loopback TCP (PUSH/PULL), decoded and validated."""
+encode, schedule, deliver, decode, replay check, FedAvg), next to the floor of that round shape
+in bare asyncio and msgpack. ``zmq``: FPDGD update envelopes from a sender process to this one
+over loopback TCP (PUSH/PULL), decoded and validated."""
 
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def bench_bus(sz: Sizes, seed: int) -> dict[str, dict]:
     bus = {
         "us_per_update": span / (n * window) * 1e6,
         "cpu_share": cpu_share(t0, t1),
+        "floor_cpu_us_per_update": _bare_floor(n, window) * 1e6,
         "msgs_per_s": (m1 - m0) / span,
         "bytes_per_s": (b1 - b0) / span,
         "bytes_per_msg": (b1 - b0) / max(1, m1 - m0),
@@ -108,6 +110,63 @@ def bench_bus(sz: Sizes, seed: int) -> dict[str, dict]:
         },
     }
     return {"bus": bus}
+
+
+def _bare_floor(n: int, rounds: int) -> float:
+    """CPU seconds per client update of the same round shape with nothing but its essentials:
+    ``n`` asyncio tasks, the model broadcast as one msgpack body each decodes, a future per
+    client standing in for the compute pool, a msgpack reply each, and the server decoding the
+    replies and averaging them. No header, schema or replay checks, bus bookkeeping, network
+    model or handler dispatch: what any simulator of per-client asyncio agents exchanging bytes
+    pays at least on this machine (the `bus` figure minus this is the simulator's own cost)."""
+    import asyncio
+
+    import msgpack
+
+    def pack(o):
+        return msgpack.ExtType(1, o.tobytes())
+
+    def unpack(code: int, data: bytes):
+        return np.frombuffer(data, np.float64)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        inbox: list = [None] * n
+        pool: list = []
+        replies: list[bytes] = []
+
+        async def client(i: int) -> None:
+            for r in range(rounds):
+                f = inbox[i] = loop.create_future()
+                msgpack.unpackb(await f, ext_hook=unpack)  # the model a client would train
+                trained = loop.create_future()
+                pool.append(trained)
+                out = {"src": i, "round": r, "params": await trained, "n_interactions": 2}
+                replies.append(msgpack.packb(out, default=pack))
+
+        tasks = [asyncio.create_task(client(i)) for i in range(n)]
+        await asyncio.sleep(0)
+        model = np.zeros(N_FEATURES)
+        t0 = time.process_time()
+        for r in range(rounds):
+            data = msgpack.packb({"round": r, "params": model}, default=pack)
+            for f in inbox:
+                f.set_result(data)
+            while len(pool) < n:
+                await asyncio.sleep(0)
+            for f in pool:
+                f.set_result(model)
+            pool.clear()
+            while len(replies) < n:
+                await asyncio.sleep(0)
+            got = [msgpack.unpackb(b, ext_hook=unpack) for b in replies]
+            replies.clear()
+            model = np.stack([g["params"] for g in got]).mean(axis=0) + 1e-3
+        spent = time.process_time() - t0
+        await asyncio.gather(*tasks)
+        return spent / (n * rounds)
+
+    return asyncio.run(main())
 
 
 def _update_envelope(i: int, params: np.ndarray) -> bytes:

@@ -23,7 +23,7 @@ KEYS = {
     "pdgd": ("interactions_per_s",),
     "eval": ("queries_per_s",),
     "foltr_es": ("s_per_round",),
-    "bus": ("us_per_update", "msgs_per_s", "bytes_per_s"),
+    "bus": ("us_per_update", "floor_cpu_us_per_update", "msgs_per_s", "bytes_per_s"),
     "startup": ("s",),
     "memory": ("mb_per_1000_clients",),
     "zmq": ("msgs_per_s",),
