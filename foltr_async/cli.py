@@ -10,6 +10,7 @@ took part (results are kept); 130 interrupted (results written so far are kept).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
 import threading
@@ -221,17 +222,30 @@ def _add_set(p: argparse.ArgumentParser, help: str) -> None:
     )
 
 
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def _sigterm_as_ctrl_c():
     """A SIGTERM (``kill``'s default, a batch scheduler's stop) ends a run as Ctrl-C does:
     ``--jobs`` workers are stopped rather than left computing, and what was written is kept.
-    Python's default SIGTERM ends the process without that cleanup."""
+    Python's default SIGTERM ends the process without that cleanup.
+
+    While an event loop runs (a run in this process), the interrupt is raised from a loop
+    callback rather than inside whichever agent's task the signal happened to land in: a task
+    that ends with KeyboardInterrupt keeps it as an exception nobody retrieves, which asyncio
+    prints as a traceback when the task is collected."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise KeyboardInterrupt from None
+        loop.call_soon_threadsafe(_raise_interrupt)
 
     old = signal.signal(signal.SIGTERM, interrupt)
     try:
