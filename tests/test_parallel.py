@@ -3,6 +3,10 @@
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,7 +78,6 @@ def test_killed_job_processes_do_not_stop_the_run(tmp_path):
     """The out-of-memory killer took the pool's processes in a long run: their jobs run again
     and the run ends with every result."""
     import multiprocessing
-    import signal
 
     path = tmp_path / "par.toml"
     path.write_text(SCENARIO.replace("rounds = 6", "rounds = 60"))
@@ -140,8 +143,6 @@ def test_a_diverged_model_stops_the_run_in_one_line_naming_its_variant(tmp_path,
 
 def fails_or_sleeps(cfg: dict, seed: int, name: str, repeat: int) -> dict:
     """A job function: ``fails`` raises a one-line error, ``sleeps`` takes two minutes."""
-    import time
-
     if name == "fails":
         time.sleep(1)  # the other job is running by now
         raise FoltrError("the model diverged")
@@ -150,8 +151,6 @@ def fails_or_sleeps(cfg: dict, seed: int, name: str, repeat: int) -> dict:
 
 
 def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs():
-    import time
-
     start = time.monotonic()
     with pytest.raises(FoltrError, match="the model diverged") as err:
         list(run_jobs([(0, 1, "sleeps", {}), (0, 1, "fails", {})], 2, work=fails_or_sleeps))
@@ -201,21 +200,18 @@ def _stat(pid: int) -> list[str] | None:
     return stat[stat.rindex(")") + 2 :].split()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
-def test_sigterm_to_a_jobs_run_stops_its_workers_as_ctrl_c_does(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
+def _long_run(tmp_path: Path, *args: str, **popen) -> tuple[subprocess.Popen, Path]:
+    """A million-round run of SCENARIO in its own process (stderr piped); its output folder."""
     path = tmp_path / "long.toml"
     path.write_text(SCENARIO.replace("rounds = 6", "rounds = 1000000").replace("repeats = 2", ""))
-    run = subprocess.Popen(
-        [sys.executable, "-m", "foltr_async", str(path), "--jobs", "2", "--quiet"]
-        + ["--out", str(tmp_path / "out")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "foltr_async", str(path), "--quiet", "--out", str(out), *args]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, **popen), out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_sigterm_to_a_jobs_run_stops_its_workers_as_ctrl_c_does(tmp_path):
+    run, _ = _long_run(tmp_path, "--jobs", "2")
     deadline = time.monotonic() + 120
     workers: set[int] = set()
     while len(workers) < 2 and time.monotonic() < deadline:  # two job processes and more
@@ -242,19 +238,9 @@ def test_sigterm_to_a_jobs_run_stops_its_workers_as_ctrl_c_does(tmp_path):
 def test_a_signal_to_an_in_process_run_ends_it_without_a_traceback(tmp_path, signum):
     """The interrupt lands in whichever agent's task is running; it must still end the run as
     one line (no 'Task exception was never retrieved' dump) with what was written kept."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    path = tmp_path / "long.toml"
-    path.write_text(SCENARIO.replace("rounds = 6", "rounds = 1000000").replace("repeats = 2", ""))
-    out = tmp_path / "out"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "foltr_async", str(path), "--jobs", "1", "--quiet"]
-        + ["--out", str(out), "--only", "fedavg"],
-        stderr=subprocess.PIPE,
-        text=True,
+    run, out = _long_run(
+        tmp_path,
+        *("--jobs", "1", "--only", "fedavg"),
         # a shell's background job ignores SIGINT, and children inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
