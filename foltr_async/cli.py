@@ -168,6 +168,15 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue the interrupted run whose output folder is DIR",
     )
+    p.add_argument(
+        "--reuse",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="take the repeats an earlier run (any scenario, this code and data) finished with "
+        "the same settings and seed from its output folder DIR instead of running them again",
+    )
     _add_threads(
         p,
         "the cores this process may use, shared among --jobs processes or --workers workers",
@@ -349,6 +358,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
                 remote=remote,
                 jobs=jobs,
                 executor=executor,
+                reuse=args.reuse,
             )
     except FoltrError:
         raise

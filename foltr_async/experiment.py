@@ -7,6 +7,10 @@ With ``checkpoint_every = K`` the runner keeps ``checkpoint.pkl`` in the output 
 finished repeats and, every K rounds, the state of the one in progress. ``resume`` continues
 from it: finished repeats are not run again, the interrupted one restarts after its last
 checkpointed round, and the results equal those of an uninterrupted run.
+
+``reuse`` takes finished repeats from earlier runs' results (of this or another scenario) that
+this one would compute again (``reused_repeats``), so a study can share its reference arm with
+another study's run instead of running it twice.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.ltr import threads
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
-from foltr_async.observe.results import ResultsWriter, measured_nothing
+from foltr_async.observe.results import ResultsWriter, load_results, measured_nothing
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
 from foltr_async.runtime import heap
@@ -103,6 +107,40 @@ class Checkpoints:
         self.data["current"] = None
         if self.active:
             write_atomic(self.path, self.data)
+
+
+def _settings(cfg: dict) -> str:
+    """A variant's settings as a key, without its scenario section (name, description, repeats
+    and reference do not change what a repeat computes; the seed is matched separately)."""
+    return json.dumps({k: v for k, v in cfg.items() if k != "scenario"}, sort_keys=True)
+
+
+def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int], dict]:
+    """The repeats of ``scenario`` that the runs in ``runs`` (output folders or results.json,
+    of any scenario) already finished: same settings apart from the scenario section, same
+    repeat index (hence the same fold) and the same seed. Each result says where it came from
+    (``reused``). The runs must come from this version of the code and data: the results
+    files do not say which, so that is the caller's word, as for ``merge``."""
+    found: dict[tuple[str, int, int], tuple[dict, str]] = {}
+    for path in runs:
+        res = load_results(path)
+        for name, entry in res["variants"].items():
+            cfg = (res.get("config") or {}).get(name)
+            if not isinstance(cfg, dict):
+                raise FoltrError(f"--reuse {path}: variant {name} has no settings recorded")
+            key = _settings(cfg)
+            for rep in entry.get("repeats") or []:
+                if isinstance(rep.get("repeat"), int) and isinstance(rep.get("seed"), int):
+                    where = f"{path}:{name}"
+                    found.setdefault((key, rep["repeat"], rep["seed"]), (rep, where))
+    reused = {}
+    for name, cfg in scenario.variants.items():
+        key = _settings(cfg)
+        for r in range(scenario.repeats):
+            hit = found.get((key, r, scenario.seed + r))
+            if hit is not None:
+                reused[name, r] = {**hit[0], "reused": hit[1]}
+    return reused
 
 
 def _check_layout(path: Path, data: dict) -> None:
@@ -392,11 +430,13 @@ def run_scenario(
     remote: Any = None,
     jobs: int = 1,
     executor: str = "local",
+    reuse: list[Path] = (),
 ) -> dict:
     """Run every repeat of every variant; ``remote``: a multi-process transport's server side
     (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time.
     ``jobs`` > 1 or ``executor = "ray"`` runs the in-memory repeats in parallel
-    (``foltr_async.parallel``; a checkpoint then keeps finished repeats only).
+    (``foltr_async.parallel``; a checkpoint then keeps finished repeats only). ``reuse``:
+    earlier runs' folders whose matching repeats are taken instead of run (``reused_repeats``).
 
     Called as a library with structlog unconfigured (its default prints every debug event to
     stdout), it logs as the CLI does for the run: ``events.jsonl`` in ``out_dir`` and warnings
@@ -412,7 +452,7 @@ def run_scenario(
         )
     try:
         return _run_scenario(
-            scenario, out_dir, reporter, checkpoint_every, resume, remote, jobs, executor
+            scenario, out_dir, reporter, checkpoint_every, resume, remote, jobs, executor, reuse
         )
     finally:
         if own_logging:
@@ -446,10 +486,12 @@ def _run_scenario(
     remote: Any,
     jobs: int,
     executor: str,
+    reuse: list[Path],
 ) -> dict:
     if scenario.folds and remote is not None:
         raise ScenarioError("dataset.folds: only with the memory transport")
     checkpoints = Checkpoints(out_dir, scenario, checkpoint_every, resume)
+    reused = reused_repeats(scenario, list(reuse)) if reuse else {}
     writer = ResultsWriter(
         out_dir,
         scenario=scenario.name,
@@ -473,6 +515,14 @@ def _run_scenario(
             "metric": METRIC,
         }
     )
+
+    def finish(name: str, rep: int, result: dict) -> None:
+        result = _plain(result)
+        if scenario.folds:
+            result["fold"] = scenario.folds[rep % len(scenario.folds)]
+        checkpoints.finished(name, rep, result)
+        observers.repeat_done(name, rep, result)
+
     todo = []
     for rep in range(scenario.repeats):
         seed = scenario.seed + rep
@@ -481,15 +531,11 @@ def _run_scenario(
             if done is not None:  # finished before the interruption
                 observers.repeat_started(name, rep, seed)
                 observers.repeat_done(name, rep, done)
+            elif (name, rep) in reused:
+                observers.repeat_started(name, rep, seed)
+                finish(name, rep, reused[name, rep])
             else:
                 todo.append((rep, seed, name, repeat_config(scenario, cfg, rep)))
-
-    def finish(name: str, rep: int, result: dict) -> None:
-        result = _plain(result)
-        if scenario.folds:
-            result["fold"] = scenario.folds[rep % len(scenario.folds)]
-        checkpoints.finished(name, rep, result)
-        observers.repeat_done(name, rep, result)
 
     if remote is None and (jobs > 1 or executor != "local"):
         heap.forget()  # what the pre-run check built: the runs build their own, elsewhere

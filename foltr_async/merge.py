@@ -10,31 +10,15 @@ version of the code or data), nothing is written.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import conclusions
-from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value
+from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value, load_results
 
 #: how far the same repeat's final metric may differ between two parts (float noise only)
 AGREE = 1e-9
-
-
-def load_results(path: Path) -> dict:
-    """A run's results.json, given the file or its folder; one line if it is not one."""
-    path = Path(path)
-    if not path.exists():
-        raise FoltrError(f"{path}: no such run folder or results.json")
-    file = path / "results.json" if path.is_dir() else path
-    try:
-        res = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise FoltrError(f"{file}: not a readable results.json ({exc})") from None
-    if not isinstance(res, dict) or not isinstance(res.get("variants"), dict):
-        raise FoltrError(f"{file}: not a run's results.json (no 'variants' table)")
-    return res
 
 
 def merge_runs(parts: list[Path], out: Path) -> dict:

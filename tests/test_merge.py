@@ -133,3 +133,68 @@ def test_parts_run_with_other_thread_counts_merge_and_keep_each_environment(runs
     assert main(["merge", str(a), str(part), "--out", str(tmp_path / "m2")]) == 2
     assert "disagree on 'note'" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+
+
+OTHER = """
+[scenario]
+name = "other"
+seed = 4
+repeats = 2
+reference = "plain"
+[dataset]
+n_queries = 60
+[federation]
+protocol = "fpdgd"
+clients = 4
+queries_per_client = 2
+rounds = 6
+[evaluation]
+every = 3
+[variants.plain]
+[variants.robust]
+agents = [{ behaviour = "scaled_reversal", count = 1 }]
+federation = { aggregator = "median" }
+[variants.shorter]
+federation = { rounds = 5 }
+"""
+
+
+def _run_other(root: Path, name: str, *extra: str) -> dict:
+    scenario = root / "other.toml"
+    scenario.write_text(OTHER)
+    assert main([str(scenario), "--out", str(root / name), "--quiet", *extra]) == 0
+    return _read(root / name)
+
+
+def _not_reused(variants: dict) -> dict:
+    for entry in variants.values():
+        for rep in entry["repeats"]:
+            rep.pop("reused", None)
+    return _without_wall_time(variants)
+
+
+def test_another_scenarios_repeats_with_the_same_settings_and_seed_are_reused(runs, tmp_path):
+    """--reuse takes another scenario's repeats under other variant names when settings and
+    seed agree, and they are what this scenario computes itself; the rest runs."""
+    fresh = _run_other(tmp_path, "fresh")
+    reused = _run_other(tmp_path, "reused", "--reuse", str(runs / "whole"))
+    whole = _read(runs / "whole")["variants"]
+    v = reused["variants"]
+    for name, source in (("plain", "fedavg"), ("robust", "attacked-median")):
+        assert [rep["reused"] for rep in v[name]["repeats"]] == [f"{runs / 'whole'}:{source}"] * 2
+        assert _not_reused({name: v[name]}) == _without_wall_time({name: whole[source]})
+    assert all("reused" not in rep for rep in v["shorter"]["repeats"])  # other rounds: run
+    assert _not_reused(v) == _without_wall_time(fresh["variants"])
+    assert reused["comparisons"] == fresh["comparisons"]
+    # another seed pairs with nothing: every repeat runs
+    other_seed = _run_other(tmp_path, "seed5", "--reuse", str(runs / "whole"), "--seed", "5")
+    assert all("reused" not in r for e in other_seed["variants"].values() for r in e["repeats"])
+
+
+def test_reusing_what_is_not_a_run_is_one_line(runs, tmp_path, capsys):
+    scenario = tmp_path / "other.toml"
+    scenario.write_text(OTHER)
+    argv = [str(scenario), "--out", str(tmp_path / "o"), "--quiet", "--reuse", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a readable results.json" in err[0]

@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 
 from foltr_async.errors import FoltrError
-from foltr_async.merge import load_results
-from foltr_async.observe.results import paired_finals
+from foltr_async.observe.results import load_results, paired_finals
 from foltr_async.observe.stats import bonferroni, detectable_difference, summarise
 
 

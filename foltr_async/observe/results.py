@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from foltr_async.errors import FoltrError
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
@@ -82,6 +83,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def load_results(path: Path) -> dict:
+    """A run's results.json, given the file or its folder; one line if it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise FoltrError(f"{path}: no such run folder or results.json")
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        res = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise FoltrError(f"{file}: not a readable results.json ({exc})") from None
+    if not isinstance(res, dict) or not isinstance(res.get("variants"), dict):
+        raise FoltrError(f"{file}: not a run's results.json (no 'variants' table)")
+    return res
 
 
 def final_value(rep: dict, metric: str) -> float | None:
