@@ -98,6 +98,8 @@ def test_a_file_planned_in_parts_runs_every_variant_once_through_only():
         ('file = "s.toml"\n[[run]]\nfile = "s.toml"', "run 's' is planned twice"),
         ('name = "a/b"\nfile = "s.toml"', "run 1: name must name one folder"),
         ('file = "s.toml"\nonly = "plain"', "run 1: only must be a list of variant names"),
+        ('file = "s.toml"\nreuse = "s"', "run 1: reuse must be a list of the plan's run names"),
+        ('file = "s.toml"\nreuse = ["t"]', "run 's': reuse names 't', not a run of the plan"),
     ],
 )
 def test_a_bad_plan_is_one_line_and_exit_2(tmp_path, entry, message):
@@ -194,3 +196,31 @@ def test_the_users_thread_count_wins_and_a_bad_one_is_one_line(tmp_path):
     bad = tool("--plan-file", "plan.toml", "--out", "out2", cwd=tmp_path, env=env)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "FOLTR_ASYNC_THREADS" in bad.stderr and not (tmp_path / "out2").exists()
+
+
+def test_a_run_takes_the_repeats_a_run_it_reuses_made_with_the_same_settings(tmp_path):
+    """``reuse``: the second file's plain arm is the first file's, taken with --reuse from the
+    run of the same click model; its own arm runs."""
+    (tmp_path / "tiny.toml").write_text(TINY)
+    other = TINY.replace('name = "tiny"', 'name = "other"').replace(
+        "[variants.dp]", "[variants.more]"
+    )
+    (tmp_path / "other.toml").write_text(other.replace("epsilon = 4.5", "epsilon = 10.0"))
+    (tmp_path / "plan.toml").write_text(
+        '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect"]\n'
+        '[[run]]\nfile = "other.toml"\nclicks = ["perfect"]\nreuse = ["tiny"]\n'
+    )
+    before = tool("--plan-file", "plan.toml", "--out", "out", "--plan", cwd=tmp_path)
+    assert "--reuse" not in before.stdout  # nothing to take yet
+    done = tool("--plan-file", "plan.toml", "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "out"
+    assert "--reuse out/tiny-perfect" in (out / "runs.jsonl").read_text().splitlines()[1]
+    tiny = json.loads((out / "tiny-perfect" / "results.json").read_text())["variants"]
+    res = json.loads((out / "other-perfect" / "results.json").read_text())["variants"]
+    assert [r["reused"] for r in res["plain"]["repeats"]] == ["out/tiny-perfect:plain"] * 2
+    finals = [
+        [r["offline"]["ndcg@10"][-1] for r in v["repeats"]] for v in (res["plain"], tiny["plain"])
+    ]
+    assert finals[0] == finals[1]
+    assert all("reused" not in r for r in res["more"]["repeats"])  # another epsilon: run

@@ -9,6 +9,10 @@ Each run goes to ``OUT/<name>/`` (``--out``, default ``results/reproduce``) with
 output in ``OUT/<name>.log``. A run whose folder holds a complete ``results.json`` is skipped,
 so an interrupted night resumes where it stopped; a folder without one (the run was killed or
 failed part-way) is kept, renamed ``<name>.incomplete-N``, and the run starts again.
+A plan entry's ``reuse = ["other"]`` passes ``--reuse OUT/other[-<click model>]`` when that run
+has written results: repeats both files compute with the same settings and seed (e.g.
+``fpdgd_clients``'s 1,000-client arms, ``fpdgd_dp``'s FPDGD and (4.5, 5)) are taken, not run
+again; the results are the same either way, only the time differs.
 ``--runs N`` keeps N runs going at once (each with ``--jobs`` processes), longest first by
 the CPU time ``runs.jsonl`` recorded for them (runs without a record keep the plan's order,
 after those): on a few cores ``--runs 2 --jobs 1`` leaves no core idle at the end of each run
@@ -50,15 +54,18 @@ class Run:
     file: Path
     sets: tuple[str, ...]
     only: tuple[str, ...] = ()  # a part of the file's variants (merge the parts afterwards)
+    reuse: tuple[str, ...] = ()  # runs of the plan whose finished repeats this one may take
 
     def command(self, out: Path, jobs: int, extra: list[str]) -> list[str]:
         sets = [a for s in (*self.sets, *extra) for a in ("--set", s)]
         only = [a for v in self.only for a in ("--only", v)]
+        sources = (out.parent / name for name in self.reuse)
+        reuse = [a for f in sources if (f / "results.json").exists() for a in ("--reuse", str(f))]
         cli = [sys.executable, "-m", "foltr_async", str(self.file), "--jobs", str(jobs)]
         # events at info: a 10,000-round run of a small federation wrote ~200 MB of per-round
         # debug lines nobody reads (its results hold the same facts)
         quiet = ["--quiet", "--events-level", "info"]
-        return [*cli, *quiet, "--out", str(out), *sets, *only]
+        return [*cli, *quiet, "--out", str(out), *sets, *only, *reuse]
 
 
 def fail(message: str) -> NoReturn:
@@ -79,7 +86,7 @@ def load_plan(path: Path) -> list[Run]:
     runs: list[Run] = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: run {i}"
-        unknown = set(entry) - {"name", "file", "clicks", "set", "only"}
+        unknown = set(entry) - {"name", "file", "clicks", "set", "only", "reuse"}
         if unknown:
             fail(f"{where}: unknown key {sorted(unknown)[0]!r}")
         file = Path(str(entry.get("file", "")))
@@ -95,17 +102,25 @@ def load_plan(path: Path) -> list[Run]:
         only = entry.get("only", [])
         if not isinstance(only, list) or not all(isinstance(v, str) and v for v in only):
             fail(f"{where}: only must be a list of variant names")
+        reuse = entry.get("reuse", [])
+        if not isinstance(reuse, list) or not all(isinstance(v, str) and v for v in reuse):
+            fail(f"{where}: reuse must be a list of the plan's run names")
         stem = str(entry.get("name", file.stem))
         if not stem or not stem.isprintable() or any(c in stem for c in "/\\"):
             fail(f"{where}: name must name one folder (no '/')")
         for click in clicks:
             name = stem if click is None else f"{stem}-{click}"
             extra = () if click is None else (f"clicks.model={click}",)
-            runs.append(Run(name, file, (*extra, *sets), tuple(only)))
+            sources = tuple(r if click is None else f"{r}-{click}" for r in reuse)
+            runs.append(Run(name, file, (*extra, *sets), tuple(only), sources))
     names = [r.name for r in runs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         fail(f"{path}: run {twice[0]!r} is planned twice")
+    for run in runs:
+        unknown = [r for r in run.reuse if r not in names]
+        if unknown:
+            fail(f"{path}: run {run.name!r}: reuse names {unknown[0]!r}, not a run of the plan")
     return runs
 
 
