@@ -135,21 +135,11 @@ def test_parts_run_with_other_thread_counts_merge_and_keep_each_environment(runs
     assert not (tmp_path / "m2").exists()
 
 
-OTHER = """
-[scenario]
-name = "other"
-seed = 4
-repeats = 2
-reference = "plain"
-[dataset]
-n_queries = 60
-[federation]
-protocol = "fpdgd"
-clients = 4
-queries_per_client = 2
-rounds = 6
-[evaluation]
-every = 3
+# the whole run's base settings, under another name, with other variant names
+OTHER = PARALLEL_SCENARIO.split("[variants.fedavg]")[0].replace('name = "par"', 'name = "other"')
+OTHER = (
+    OTHER.replace('reference = "fedavg"', 'reference = "plain"')
+    + """
 [variants.plain]
 [variants.robust]
 agents = [{ behaviour = "scaled_reversal", count = 1 }]
@@ -157,6 +147,7 @@ federation = { aggregator = "median" }
 [variants.shorter]
 federation = { rounds = 5 }
 """
+)
 
 
 def _run_other(root: Path, name: str, *extra: str) -> dict:
