@@ -128,10 +128,9 @@ def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int]
             cfg = (res.get("config") or {}).get(name)
             if not isinstance(cfg, dict):
                 raise FoltrError(f"--reuse {path}: variant {name} has no settings recorded")
-            key = _settings(cfg)
+            key, where = _settings(cfg), f"{path}:{name}"
             for rep in entry.get("repeats") or []:
                 if isinstance(rep.get("repeat"), int) and isinstance(rep.get("seed"), int):
-                    where = f"{path}:{name}"
                     found.setdefault((key, rep["repeat"], rep["seed"]), (rep, where))
     reused = {}
     for name, cfg in scenario.variants.items():

@@ -158,10 +158,16 @@ def _run_other(root: Path, name: str, *extra: str) -> dict:
 
 
 def _not_reused(variants: dict) -> dict:
-    for entry in variants.values():
-        for rep in entry["repeats"]:
-            rep.pop("reused", None)
-    return _without_wall_time(variants)
+    """``variants`` without wall times and the ``reused`` marks (a copy)."""
+    return _without_wall_time(
+        {
+            name: {
+                **e,
+                "repeats": [{k: v for k, v in r.items() if k != "reused"} for r in e["repeats"]],
+            }
+            for name, e in variants.items()
+        }
+    )
 
 
 def test_another_scenarios_repeats_with_the_same_settings_and_seed_are_reused(runs, tmp_path):
