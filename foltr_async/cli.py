@@ -297,7 +297,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         _apply_threads(args.threads)
     else:
         _apply_threads(args.threads, (args.workers or 2) if args.transport == "zmq" else args.jobs)
-    from foltr_async.experiment import check_scenario, run_scenario
+    from foltr_async.experiment import check_scenario, reused_repeats, run_scenario
     from foltr_async.observe.console import make_reporter
     from foltr_async.observe.log import configure_logging
     from foltr_async.scenario.load import load_scenario
@@ -329,6 +329,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     jobs, executor = (1, "local") if serve else (args.jobs, args.executor)
     if zmq and (jobs != 1 or executor != "local"):
         raise FoltrError("--jobs / --executor: only with the memory transport")
+    reused = reused_repeats(scenario, args.reuse) if args.reuse else None
     out = _out_dir(args, scenario)
     live = not args.quiet and sys.stdout.isatty()
     configure_logging(
@@ -358,7 +359,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
                 remote=remote,
                 jobs=jobs,
                 executor=executor,
-                reuse=args.reuse,
+                reused=reused,
             )
     except FoltrError:
         raise

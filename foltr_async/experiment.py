@@ -34,6 +34,7 @@ from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter, load_results, measured_nothing
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
+from foltr_async.provenance import check_same_code, code_stamp
 from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
 from foltr_async.runtime.clock import VirtualTimeLoop
@@ -76,9 +77,21 @@ class Checkpoints:
                     f"{self.path}: written for another configuration (the scenario file, --set, "
                     "--seed and --only must be those of the interrupted run)"
                 )
+            if data.get("code", code_stamp()["source"]) != code_stamp()["source"]:
+                raise CheckpointError(
+                    f"{self.path}: written by other code (source {data['code']}, this code "
+                    f"{code_stamp()['source']}); its finished repeats would not pair with what "
+                    "this code computes: resume with the code that started it, or start again"
+                )
             every = every or data["every"]
         else:
-            data = {"format": _FORMAT, "fingerprint": self.fingerprint, "done": {}, "current": None}
+            data = {
+                "format": _FORMAT,
+                "fingerprint": self.fingerprint,
+                "code": code_stamp()["source"],
+                "done": {},
+                "current": None,
+            }
         self.data = data
         self.every = data["every"] = every
         self.active = every > 0 or resume
@@ -119,11 +132,12 @@ def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int]
     """The repeats of ``scenario`` that the runs in ``runs`` (output folders or results.json,
     of any scenario) already finished: same settings apart from the scenario section, same
     repeat index (hence the same fold) and the same seed. Each result says where it came from
-    (``reused``). The runs must come from this version of the code and data: the results
-    files do not say which, so that is the caller's word, as for ``merge``."""
+    (``reused``). A run made by other code is refused (``check_same_code``); that the data are
+    the same is the caller's word, as for ``merge``."""
     found: dict[tuple[str, int, int], tuple[dict, str]] = {}
     for path in runs:
         res = load_results(path)
+        check_same_code(res, str(path), "--reuse")
         for name, entry in res["variants"].items():
             cfg = (res.get("config") or {}).get(name)
             if not isinstance(cfg, dict):
@@ -148,6 +162,7 @@ def _check_layout(path: Path, data: dict) -> None:
     fields = {
         "fingerprint": type(data.get("fingerprint")) is str,
         "every": type(data.get("every")) is int and data["every"] >= 0,
+        "code": data.get("code") is None or type(data["code"]) is str,  # None: older files
         "done": type(data.get("done")) is dict
         and all(
             type(k) is tuple and len(k) == 2 and type(k[0]) is str and type(k[1]) is int
@@ -429,13 +444,13 @@ def run_scenario(
     remote: Any = None,
     jobs: int = 1,
     executor: str = "local",
-    reuse: list[Path] = (),
+    reused: dict[tuple[str, int], dict] | None = None,
 ) -> dict:
     """Run every repeat of every variant; ``remote``: a multi-process transport's server side
     (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time.
     ``jobs`` > 1 or ``executor = "ray"`` runs the in-memory repeats in parallel
-    (``foltr_async.parallel``; a checkpoint then keeps finished repeats only). ``reuse``:
-    earlier runs' folders whose matching repeats are taken instead of run (``reused_repeats``).
+    (``foltr_async.parallel``; a checkpoint then keeps finished repeats only). ``reused``:
+    repeats taken from earlier runs instead of run, by (variant, repeat) (``reused_repeats``).
 
     Called as a library with structlog unconfigured (its default prints every debug event to
     stdout), it logs as the CLI does for the run: ``events.jsonl`` in ``out_dir`` and warnings
@@ -451,7 +466,15 @@ def run_scenario(
         )
     try:
         return _run_scenario(
-            scenario, out_dir, reporter, checkpoint_every, resume, remote, jobs, executor, reuse
+            scenario,
+            out_dir,
+            reporter,
+            checkpoint_every,
+            resume,
+            remote,
+            jobs,
+            executor,
+            reused or {},
         )
     finally:
         if own_logging:
@@ -485,12 +508,11 @@ def _run_scenario(
     remote: Any,
     jobs: int,
     executor: str,
-    reuse: list[Path],
+    reused: dict[tuple[str, int], dict],
 ) -> dict:
     if scenario.folds and remote is not None:
         raise ScenarioError("dataset.folds: only with the memory transport")
     checkpoints = Checkpoints(out_dir, scenario, checkpoint_every, resume)
-    reused = reused_repeats(scenario, list(reuse)) if reuse else {}
     writer = ResultsWriter(
         out_dir,
         scenario=scenario.name,
@@ -500,6 +522,7 @@ def _run_scenario(
         metric=METRIC,
         conclusions=conclusions,
         throttled=True,
+        code=code_stamp(),
     )
     observers = Observers([reporter, writer])
     observers.run_started(

@@ -4,8 +4,8 @@ another, or a variant added later), as if a single run had made them.
 Repeat ``r`` of every variant runs with seed ``scenario.seed + r``, so the parts pair up by
 seed: summaries, the paired tests against the reference and their Holm correction are
 computed over the whole family, which separate tables cannot give. A variant two parts both
-ran must agree, repeat by repeat, on its settings and final metric; if they do not (another
-version of the code or data), nothing is written.
+ran must agree, repeat by repeat, on its settings and final metric, and parts whose results
+say which code made them (``code``) must name the same; otherwise nothing is written.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
                     f"{label}: {key} = {res.get(key)!r}, but {first_label} has "
                     f"{first.get(key)!r}: not parts of one scenario run"
                 )
+    code = _common_code(runs)
     references = {res["reference"] for _, res in runs if res.get("reference")}
     if len(references) > 1:
         raise FoltrError(f"merge: the parts name different references: {sorted(references)}")
@@ -81,6 +82,7 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
         reference=next(iter(references), None),
         metric=metric,
         conclusions=conclusions,
+        code=code,
     )
     planned = [res.get("planned") or {} for _, res in runs]
     n = max((p.get("repeats") or 0 for p in planned), default=0)
@@ -102,6 +104,20 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
         complete = all(res.get("complete") for _, res in runs)
     writer.run_done(extra if complete else {**extra, "interrupted": True})
     return writer.results
+
+
+def _common_code(runs: list[tuple[str, dict]]) -> dict | None:
+    """The parts' code stamp: parts that carry one must name the same source; the merge
+    carries it only when every part does (a part made before stamps could be other code)."""
+    stamps = [(label, res.get("code")) for label, res in runs]
+    known = [(label, s) for label, s in stamps if s]
+    for label, s in known[1:]:
+        if s.get("source") != known[0][1].get("source"):
+            raise FoltrError(
+                f"{label}: made by other code than {known[0][0]} (source {s.get('source')} vs "
+                f"{known[0][1].get('source')}): not parts of one run"
+            )
+    return known[0][1] if known and len(known) == len(stamps) else None
 
 
 def _check_same(name: str, r: int, metric: str, a: dict, b: dict, la: str, lb: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from foltr_async.cli import main
+from foltr_async.provenance import code_stamp
 from tests.test_parallel import SCENARIO as PARALLEL_SCENARIO
 from tests.test_parallel import _without_wall_time
 
@@ -195,3 +196,31 @@ def test_reusing_what_is_not_a_run_is_one_line(runs, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a readable results.json" in err[0]
+
+
+def test_results_made_by_other_code_are_neither_reused_nor_merged(runs, tmp_path, capsys):
+    """Each results.json names the code that made it; a run or part made by other code is
+    refused in one line, one made before the stamp existed is taken on trust."""
+    whole = _read(runs / "whole")
+    assert whole["code"] == code_stamp() and len(whole["code"]["source"]) == 16
+    other = json.loads(json.dumps(whole))
+    other["code"]["source"] = "0" * 16
+    older = {k: v for k, v in whole.items() if k != "code"}
+    scenario = tmp_path / "other.toml"
+    scenario.write_text(OTHER)
+    argv = [str(scenario), "--out", str(tmp_path / "o"), "--quiet"]
+    assert main([*argv, "--reuse", str(_write(tmp_path / "other", other))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "made by other code (source 0000000000000000" in err[0]
+    assert not (tmp_path / "o").exists()  # refused before the output folder is made
+    assert main([*argv, "--reuse", str(_write(tmp_path / "older", older))]) == 0
+    reused = _read(tmp_path / "o")["variants"]["plain"]["repeats"]
+    assert [r["reused"] for r in reused] == [f"{tmp_path / 'older'}:fedavg"] * 2
+    out = tmp_path / "merged"
+    assert main(["merge", str(runs / "a"), str(tmp_path / "other"), "--out", str(out)]) == 2
+    assert "made by other code than" in capsys.readouterr().err and not out.exists()
+    # a part without a stamp merges, and the merge does not claim the code it cannot know
+    assert main(["merge", str(runs / "a"), str(tmp_path / "older"), "--out", str(out)]) == 0
+    assert "code" not in _read(out)
+    assert main(["merge", str(runs / "a"), str(runs / "b"), "--out", str(tmp_path / "m")]) == 0
+    assert _read(tmp_path / "m")["code"] == whole["code"]

@@ -23,12 +23,14 @@ from foltr_async.errors import FoltrError
 from foltr_async.experiment import CHECKPOINT, run_scenario
 from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
+from foltr_async.provenance import code_stamp
 from foltr_async.runtime.checkpoint import (
     Checkpointed,
     CheckpointError,
     capture,
     read_checkpoint,
     restore,
+    write_atomic,
 )
 from foltr_async.scenario.load import load_scenario
 
@@ -119,6 +121,12 @@ def test_resume_refuses_another_configuration(tmp_path, mq2008_dir):
     other = load_scenario(path, ["scenario.repeats=1", "federation.rounds=19"])
     with pytest.raises(CheckpointError, match="written for another configuration"):
         run_scenario(other, out, Observer(), resume=True)
+    # the same configuration, but the checkpoint was written by other code
+    saved = read_checkpoint(out / CHECKPOINT)
+    assert saved["code"] == code_stamp()["source"]
+    write_atomic(out / CHECKPOINT, {**saved, "code": "0" * 16})
+    with pytest.raises(CheckpointError, match="written by other code .source 0000000000000000"):
+        run_scenario(sc, out, Observer(), resume=True)
 
 
 def test_resume_cli_explains_a_missing_checkpoint(tmp_path, mq2008_dir):
@@ -370,8 +378,6 @@ def _retype(node, change) -> bool:
 def test_a_field_of_the_wrong_dtype_or_shape_is_refused_naming_it(tmp_path, interrupted):
     """A checkpoint whose checksum matches (rewritten, not damaged) but whose client model has
     the wrong dtype or shape: refused naming file, agent, field and what was expected."""
-    from foltr_async.runtime.checkpoint import write_atomic
-
     scenario, done = interrupted
     sc = load_scenario(scenario)
     for what, change in {

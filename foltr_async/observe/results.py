@@ -58,6 +58,7 @@ OWN_KEYS = (
     "not_as_asked",
     "equal_time",
     "equal_interactions",
+    "code",
 )
 #: Offline metrics defined by relevance labels: a repeat whose held-out queries have no
 #: relevant document measured nothing in them (MaxRR follows the click model and still does).
@@ -443,7 +444,8 @@ class ResultsWriter(Observer):
     ``conclusions(results)`` returns the scenario's sentences for the current results; it is
     called after every repeat, and a failing callback keeps the previous sentences.
     ``results`` (property) is the current results.json object, e.g. for the runner to pass to
-    ``run_done``.
+    ``run_done``. ``code``: the stamp of the code that made the repeats
+    (``foltr_async.provenance``), written from the first file on so an interrupted run has it.
     """
 
     def __init__(
@@ -457,6 +459,7 @@ class ResultsWriter(Observer):
         metric: str = "ndcg@10",
         conclusions: Callable[[dict], list[str]] | None = None,
         throttled: bool = False,
+        code: dict | None = None,
     ) -> None:
         #: rewrite after a repeat only when due (``_rewrite_due``), not after every one
         self.throttled = throttled
@@ -467,6 +470,7 @@ class ResultsWriter(Observer):
         self.config = config
         self.reference = reference
         self.metric = metric
+        self.code = code
         self._conclude = conclusions
         self._repeats: dict[str, dict[int, dict]] = {}
         self._planned: dict[str, Any] = {}
@@ -567,6 +571,8 @@ class ResultsWriter(Observer):
         unmet = not_as_asked(res["variants"])["lines"]
         if unmet:
             res["not_as_asked"] = unmet
+        if self.code is not None:
+            res["code"] = self.code
         if is_timed(variants):  # asynchronous variants: at equal simulated time, interactions
             for axis, key in AXES.items():
                 res[key] = at_common(variants, self.metric, axis)

@@ -1,0 +1,81 @@
+"""Which code made a results file: a stamp every run writes into results.json (``code``).
+
+Results are a function of the scenario, the seed, the data and the code, so runs that share
+repeats (``--reuse``, ``merge``) must come from the same code. The stamp's ``source`` is a hash
+of every Python file the simulator runs (this package and its protocols): equal hashes, equal
+code, whatever the version number or the commit say (a change to a docstring changes it too;
+the check errs on the side of running again). ``commit`` is there for the reader when the code
+is a git checkout; ``python`` and ``numpy`` because another numpy may round differently.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+import foltr_async
+from foltr_async.errors import FoltrError
+
+
+@functools.cache
+def code_stamp() -> dict:
+    """This process's code: ``version``, ``source`` (hash), ``commit`` (if a git checkout),
+    ``python``, ``numpy``. Computed once per process (the code does not change under it)."""
+    protocols = importlib.util.find_spec("foltr_async.protocols")  # found, not imported
+    digest = hashlib.sha256()
+    roots = {
+        "foltr_async": foltr_async.__path__[0],
+        "protocols": protocols.submodule_search_locations[0],
+    }
+    for label, root in roots.items():
+        for path in sorted(Path(root).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if label == "foltr_async" and rel.startswith(("protocols/", "benchmarks/")):
+                continue  # an installed wheel holds them inside the package: hashed once
+            digest.update(f"{label}/{rel}\0".encode())
+            digest.update(path.read_bytes())
+    stamp = {
+        "version": foltr_async.__version__,
+        "source": digest.hexdigest()[:16],
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    commit = _git_commit(Path(foltr_async.__path__[0]).parent)
+    if commit:
+        stamp["commit"] = commit
+    return stamp
+
+
+def _git_commit(root: Path) -> str | None:
+    """The checkout's HEAD commit, or None (not a checkout, or no git)."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def check_same_code(results: dict, label: str, what: str) -> None:
+    """Raise a one-line error when ``results`` (a results.json object) was made by other code
+    than this process's; results older than the stamp carry none and are taken on trust."""
+    theirs = (results.get("code") or {}).get("source")
+    mine = code_stamp()["source"]
+    if theirs is not None and theirs != mine:
+        raise FoltrError(
+            f"{what} {label}: made by other code (source {theirs}, this code {mine}), so its "
+            "repeats may differ from what this code computes; run them again"
+        )
