@@ -10,7 +10,8 @@ every message crosses, so their taps see every link as in memory.
 Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus``)::
 
     worker -> hub   hello {worker, claims, run}       hub -> worker   welcome | wait {reason}
-    hub -> worker   run {run, variant, repeat, seed, digest, agents: {id: {state, blob, seq, seen}}}
+    hub -> worker   run {run, variant, repeat, seed, digest, code,
+                         agents: {id: {state, blob, seq, seen}}}
     worker -> hub   ready {req, states: {id: [state, role]}}   | error {req, message}
     hub -> worker   act {run, agent, action, round}    -> ack {req, states}
     hub -> worker   snap {run, part}                   -> snapped_part {req, agents} ...
@@ -61,6 +62,7 @@ import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.observe.observer import Observer
+from foltr_async.provenance import code_stamp
 from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
@@ -464,6 +466,7 @@ class ZmqServer:
             "repeat": sim.repeat,
             "seed": sim.seed,
             "digest": self._digest,
+            "code": code_stamp()["source"],
             "agents": mine,
             "oracle": bool(sim.groups["eavesdroppers"]),
         }
@@ -769,6 +772,12 @@ class AgentHost:
 
     def __init__(self, scenario: Scenario, link: WorkerLink, msg: dict) -> None:
         self.run = msg["run"]
+        mine = code_stamp()["source"]
+        if msg.get("code") != mine:
+            raise ScenarioError(
+                f"this worker runs other code than the server (source {mine}, the server's "
+                f"{msg.get('code')}): install the same version of foltr_async on both hosts"
+            )
         variant = msg["variant"]
         cfg = scenario.variants.get(variant)
         if cfg is None:

@@ -380,13 +380,23 @@ def test_csfltr_parties_in_worker_processes_report_to_the_server(tmp_path):
     assert "csfltr.measured" not in z  # raw measurements are summarised, not written
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def cli(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _other_code(where: Path) -> Path:
+    """A copy of this checkout with one protocol file changed: a worker running other code."""
+    for folder in ("foltr_async", "protocols"):
+        shutil.copytree(ROOT / folder, where / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
+    with open(where / "protocols" / "fpdgd.py", "a") as fh:
+        fh.write("\n# another version\n")
+    return where
 
 
 def test_unknown_key_is_refused_and_logged_and_plaintext_needs_asking(tmp_path, mq2008_dir):
-    """Only an authorised key with the server's configuration gets clients; the simulated
-    network (latency, loss) applies on this path too, in real time."""
+    """Only an authorised key with the server's configuration and code gets clients; the
+    simulated network (latency, loss) applies on this path too, in real time."""
     path = write_scenario(
         tmp_path / "z.toml",
         mq2008_dir,
@@ -413,6 +423,9 @@ def test_unknown_key_is_refused_and_logged_and_plaintext_needs_asking(tmp_path, 
         other = cli(*join, "--keys", str(keys), "--name", "worker-0", "--set",
                     "federation.queries_per_client=2")  # fmt: skip
         assert other.returncode == 2 and "differ from the server's" in other.stderr
+        changed = _other_code(tmp_path / "other-code")
+        older = cli(*join, "--keys", str(keys), "--name", "worker-0", cwd=changed)
+        assert older.returncode == 2 and "runs other code than the server" in older.stderr
         good = cli(*join, "--keys", str(keys), "--name", "worker-0")
         assert good.returncode == 0, good.stderr[-2000:]
         assert server.wait(timeout=60) == 0
