@@ -18,6 +18,13 @@ Given several runs of one file (e.g. one per click model), prints one table inst
 variant its paired difference to each run's reference with the Holm p, a column per run:
 
     python tools/repro_table.py results/reproduce/data_poisoning-{perfect,navigational}
+
+``--read-at NAME=VARIANT@ROUND`` (repeatable) adds the row NAME: VARIANT's repeats read at
+their evaluation of round ROUND, for an arm that is another's first ROUND rounds (the same
+settings but fewer rounds, when nothing depends on the total: e.g. fpdgd_batch_dp.toml's
+rounds1000-B2-dp is budget4M-B2-dp's first 1000 rounds), so it need not run. The row takes the
+place of a variant of that name; the comparisons, Holm and Bonferroni are computed again over
+the table's variants. Its online metric is left out ("–"): results hold only the whole run's.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import sys
 from pathlib import Path
 
 from foltr_async.errors import FoltrError
-from foltr_async.observe.results import load_results, paired_finals
+from foltr_async.observe.results import compare, load_results, paired_finals, summarise_variant
 from foltr_async.observe.stats import bonferroni, detectable_difference, summarise
 
 
@@ -194,6 +201,43 @@ def delta_table(runs: list[tuple[str, dict]], only: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def read_at(results: dict, spec: str) -> dict:
+    """``results`` with the row ``NAME=VARIANT@ROUND`` (see the module's docstring) and its
+    comparisons computed again; raises ``FoltrError`` naming what is wrong in ``spec``."""
+    name, _, source = spec.partition("=")
+    variant, _, at = source.rpartition("@")
+    if not name or not variant or not at.isdigit():
+        raise FoltrError(f"--read-at {spec!r}: expected NAME=VARIANT@ROUND")
+    if variant not in results["variants"]:
+        known = ", ".join(results["variants"])
+        raise FoltrError(f"--read-at {spec!r}: no variant {variant!r} (variants: {known})")
+    round_, repeats = int(at), []
+    for rep in results["variants"][variant]["repeats"]:
+        if round_ not in rep.get("rounds", []):
+            raise FoltrError(
+                f"--read-at {spec!r}: repeat {rep.get('repeat')} of {variant} has no evaluation "
+                f"at round {round_} (evaluated: {rep.get('rounds', [])[:3]}...)"
+            )
+        i = rep["rounds"].index(round_) + 1
+        repeats.append(
+            {
+                **{k: v for k, v in rep.items() if k != "online"},
+                "rounds": rep["rounds"][:i],
+                "offline": {m: values[:i] for m, values in rep["offline"].items()},
+                "read_at": f"{variant}@{round_}",
+            }
+        )
+    metric = results.get("metric", "ndcg@10")
+    variants = {**results["variants"], name: {"repeats": repeats}}
+    variants[name]["summary"] = summarise_variant(repeats, metric)
+    reps = {n: e["repeats"] for n, e in variants.items()}
+    return {
+        **results,
+        "variants": variants,
+        "comparisons": compare(reps, results["reference"], metric),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -210,14 +254,27 @@ def main() -> None:
         default=[],
         help="another final offline metric as a column (e.g. ndcg@5, ndcg@10_personal)",
     )
+    ap.add_argument(
+        "--read-at",
+        action="append",
+        default=[],
+        metavar="NAME=VARIANT@ROUND",
+        help="a row read from a longer variant at one of its evaluated rounds",
+    )
     args = ap.parse_args()
     try:
         runs = [(_label(path), load_results(path)) for path in args.results]
+        if args.read_at and len(runs) == 1:
+            for spec in args.read_at:
+                runs[0] = (runs[0][0], read_at(runs[0][1], spec))
     except FoltrError as exc:
         sys.exit(f"repro_table: {exc}")
     if len(runs) > 1:
-        if args.metric or args.conclusions or args.power:
-            sys.exit("repro_table: --metric, --conclusions and --power take one run, not several")
+        if args.metric or args.conclusions or args.power or args.read_at:
+            sys.exit(
+                "repro_table: --metric, --conclusions, --power and --read-at take one run, "
+                "not several"
+            )
         print(delta_table(runs, args.only), end="")
         return
     results = runs[0][1]
