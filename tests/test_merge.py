@@ -203,6 +203,8 @@ def test_results_made_by_other_code_are_neither_reused_nor_merged(runs, tmp_path
     refused in one line, one made before the stamp existed is taken on trust."""
     whole = _read(runs / "whole")
     assert whole["code"] == code_stamp() and len(whole["code"]["source"]) == 16
+    code = f"Code: foltr_async {whole['code']['version']} (source {whole['code']['source']}"
+    assert code in (runs / "whole" / "summary.md").read_text()
     other = json.loads(json.dumps(whole))
     other["code"]["source"] = "0" * 16
     older = {k: v for k, v in whole.items() if k != "code"}

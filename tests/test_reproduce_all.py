@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from foltr_async.provenance import code_stamp
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "reproduce_all.py"
 
@@ -224,3 +226,14 @@ def test_a_run_takes_the_repeats_a_run_it_reuses_made_with_the_same_settings(tmp
     ]
     assert finals[0] == finals[1]
     assert all("reused" not in r for r in res["more"]["repeats"])  # another epsilon: run
+    # results made by other code are not offered to --reuse (which would refuse them)
+    first = out / "tiny-perfect" / "results.json"
+    assert (
+        "--reuse out/tiny-perfect"
+        in tool("--plan-file", "plan.toml", "--out", "out", "--plan", cwd=tmp_path).stdout
+    )
+    first.write_text(
+        first.read_text().replace(f'"source": "{code_stamp()["source"]}"', '"source": "0"')
+    )
+    after = tool("--plan-file", "plan.toml", "--out", "out", "--plan", cwd=tmp_path)
+    assert after.returncode == 0 and "--reuse" not in after.stdout

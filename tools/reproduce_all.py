@@ -10,9 +10,10 @@ output in ``OUT/<name>.log``. A run whose folder holds a complete ``results.json
 so an interrupted night resumes where it stopped; a folder without one (the run was killed or
 failed part-way) is kept, renamed ``<name>.incomplete-N``, and the run starts again.
 A plan entry's ``reuse = ["other"]`` passes ``--reuse OUT/other[-<click model>]`` when that run
-has written results: repeats both files compute with the same settings and seed (e.g.
-``fpdgd_clients``'s 1,000-client arms, ``fpdgd_dp``'s FPDGD and (4.5, 5)) are taken, not run
-again; the results are the same either way, only the time differs.
+has written results with this code (``foltr_async.provenance``): repeats both files compute
+with the same settings and seed (e.g. ``fpdgd_clients``'s 1,000-client arms, ``fpdgd_dp``'s
+FPDGD and (4.5, 5)) are taken, not run again; the results are the same either way, only the
+time differs.
 ``--runs N`` keeps N runs going at once (each with ``--jobs`` processes), longest first by
 the CPU time ``runs.jsonl`` recorded for them (runs without a record keep the plan's order,
 after those): on a few cores ``--runs 2 --jobs 1`` leaves no core idle at the end of each run
@@ -42,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 
 from foltr_async.errors import FoltrError  # noqa: E402
 from foltr_async.ltr import threads  # noqa: E402
+from foltr_async.observe.results import load_results  # noqa: E402
+from foltr_async.provenance import code_stamp  # noqa: E402
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
@@ -60,12 +63,22 @@ class Run:
         sets = [a for s in (*self.sets, *extra) for a in ("--set", s)]
         only = [a for v in self.only for a in ("--only", v)]
         sources = (out.parent / name for name in self.reuse)
-        reuse = [a for f in sources if (f / "results.json").exists() for a in ("--reuse", str(f))]
+        reuse = [a for f in sources if _reusable(f) for a in ("--reuse", str(f))]
         cli = [sys.executable, "-m", "foltr_async", str(self.file), "--jobs", str(jobs)]
         # events at info: a 10,000-round run of a small federation wrote ~200 MB of per-round
         # debug lines nobody reads (its results hold the same facts)
         quiet = ["--quiet", "--events-level", "info"]
         return [*cli, *quiet, "--out", str(out), *sets, *only, *reuse]
+
+
+def _reusable(folder: Path) -> bool:
+    """A run's folder whose results this code may take: written, and by this code (results
+    made by other code run again, as ``--reuse`` would refuse them; older ones carry no stamp)."""
+    try:
+        res = load_results(folder)
+    except FoltrError:
+        return False
+    return (res.get("code") or {}).get("source", code_stamp()["source"]) == code_stamp()["source"]
 
 
 def fail(message: str) -> NoReturn:

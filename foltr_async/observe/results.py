@@ -337,6 +337,13 @@ def render_summary_md(results: dict) -> str:
         lines.append(f"**Not as asked**: {line}.")
     for data in _datasets(results.get("config") or {}):
         lines.append(f"Dataset: {data}.")
+    code = results.get("code")
+    if code:
+        commit = f", commit {code['commit'][:12]}" if code.get("commit") else ""
+        lines.append(
+            f"Code: foltr_async {code.get('version')} (source {code.get('source')}{commit}), "
+            f"Python {code.get('python')}, numpy {code.get('numpy')}."
+        )
     lines.append(
         f"Final = offline {label} at the last evaluated round, mean ± sample std (n repeats)."
     )
