@@ -3,9 +3,13 @@ another, or a variant added later), as if a single run had made them.
 
 Repeat ``r`` of every variant runs with seed ``scenario.seed + r``, so the parts pair up by
 seed: summaries, the paired tests against the reference and their Holm correction are
-computed over the whole family, which separate tables cannot give. A variant two parts both
-ran must agree, repeat by repeat, on its settings and final metric, and parts whose results
-say which code made them (``code``) must name the same; otherwise nothing is written.
+computed over the whole family, which separate tables cannot give. A part run with a later
+``--seed`` adds seeds: its repeat ``r`` is the merged run's repeat ``seed - first seed + r``
+(with ``dataset.folds`` on the fold that repeat would have, checked), so a run of seeds 1-5
+and one of seeds 6-25 merge into the 25-run study. A variant two parts both ran must agree,
+repeat by repeat, on its settings (apart from the ``[scenario]`` table's seed and repeats) and
+final metric, and parts whose results say which code made them (``code``) must name the same;
+otherwise nothing is written.
 """
 
 from __future__ import annotations
@@ -28,13 +32,18 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
         raise FoltrError("merge: give at least two run folders")
     runs = [(str(p), load_results(p)) for p in parts]
     first_label, first = runs[0]
+    for label, res in runs:
+        if not isinstance(res.get("seed"), int):
+            raise FoltrError(f"{label}: no scenario seed recorded")
+    base = min(res["seed"] for _, res in runs)
     for label, res in runs[1:]:
-        for key in ("scenario", "seed", "metric"):
+        for key in ("scenario", "metric"):
             if res.get(key) != first.get(key):
                 raise FoltrError(
                     f"{label}: {key} = {res.get(key)!r}, but {first_label} has "
                     f"{first.get(key)!r}: not parts of one scenario run"
                 )
+    _check_same_data(runs)
     code = _common_code(runs)
     references = {res["reference"] for _, res in runs if res.get("reference")}
     if len(references) > 1:
@@ -42,20 +51,24 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
     metric = first.get("metric", "ndcg@10")
     config, repeats, owner = {}, {}, {}
     for label, res in runs:
+        offset = res["seed"] - base
         for name, entry in res["variants"].items():
             cfg = (res.get("config") or {}).get(name)
-            if name in config and cfg != config[name]:
+            if name in config and _setting(cfg) != _setting(config[name]):
                 raise FoltrError(
                     f"variant {name}: its settings differ between {owner[name]} and {label} "
-                    f"({_difference(config[name], cfg)})"
+                    f"({_difference(_setting(config[name]), _setting(cfg))})"
                 )
             config.setdefault(name, cfg)
             owner.setdefault(name, label)
             mine = repeats.setdefault(name, {})
             for rep in entry["repeats"]:
-                r = rep.get("repeat")
-                if not isinstance(r, int):
+                if not isinstance(rep.get("repeat"), int):
                     raise FoltrError(f"{label}: variant {name}: a repeat without its index")
+                r = rep["repeat"] + offset
+                if offset:
+                    rep = {**rep, "repeat": r}
+                    _check_fold(name, rep, cfg, label)
                 if r in mine:
                     _check_same(name, r, metric, mine[r], rep, owner[name], label)
                 else:
@@ -74,23 +87,24 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
             extra[key] = value
     if environments:
         extra["environment"] = environments[0] if len(environments) == 1 else environments
+    planned = [(res["seed"] - base, res.get("planned") or {}) for _, res in runs]
+    n = max((off + (p.get("repeats") or 0) for off, p in planned if p.get("repeats")), default=0)
+    config = {name: _as_one_run(cfg, base, n) for name, cfg in config.items()}
     writer = ResultsWriter(
         out,
         scenario=first["scenario"],
-        seed=first["seed"],
+        seed=base,
         config=config,
         reference=next(iter(references), None),
         metric=metric,
         conclusions=conclusions,
         code=code,
     )
-    planned = [res.get("planned") or {} for _, res in runs]
-    n = max((p.get("repeats") or 0 for p in planned), default=0)
     writer.run_started(
         {
             "variants": list(repeats),
             "repeats": n or None,
-            "rounds": {k: v for p in planned for k, v in (p.get("rounds") or {}).items()},
+            "rounds": {k: v for _, p in planned for k, v in (p.get("rounds") or {}).items()},
         }
     )
     for name, mine in repeats.items():
@@ -118,6 +132,61 @@ def _common_code(runs: list[tuple[str, dict]]) -> dict | None:
                 f"{known[0][1].get('source')}): not parts of one run"
             )
     return known[0][1] if known and len(known) == len(stamps) else None
+
+
+def _setting(cfg: object) -> object:
+    """A variant's settings without the ``[scenario]`` table (its seed and repeats say which
+    repeats a part ran, not what a repeat computes)."""
+    return {k: v for k, v in cfg.items() if k != "scenario"} if isinstance(cfg, dict) else cfg
+
+
+def _check_same_data(runs: list[tuple[str, dict]]) -> None:
+    """Parts of other seeds ran on the same data only if no variant draws its data from the
+    scenario seed (a synthetic profile or AOL users without ``dataset.seed``)."""
+    seeds = {res["seed"] for _, res in runs}
+    if len(seeds) == 1:
+        return
+    for label, res in runs:
+        for name, cfg in (res.get("config") or {}).items():
+            data = cfg.get("dataset") or {} if isinstance(cfg, dict) else {}
+            drawn = data.get("path") is None or data.get("format") == "aol4foltr"
+            if drawn and data.get("seed") is None:
+                raise FoltrError(
+                    f"{label}: variant {name} draws its data from the scenario seed "
+                    f"({res['seed']}; the parts have seeds {sorted(seeds)}), so parts of other "
+                    "seeds ran on other data: set dataset.seed to run a scenario in seed ranges"
+                )
+
+
+def _folds(cfg: object) -> list | None:
+    dataset = cfg.get("dataset") if isinstance(cfg, dict) else None
+    folds = dataset.get("folds") if isinstance(dataset, dict) else None
+    return folds if isinstance(folds, list) and folds else None
+
+
+def _check_fold(name: str, rep: dict, cfg: object, label: str) -> None:
+    """A repeat of a later-seeded part, renumbered: with folds it must have run on the fold the
+    merged run gives its number (the runner's ``folds[repeat % len(folds)]``)."""
+    folds = _folds(cfg)
+    if folds is None or "fold" not in rep:
+        return
+    want = folds[rep["repeat"] % len(folds)]
+    if rep["fold"] != want:
+        raise FoltrError(
+            f"{label}: variant {name}, seed {rep.get('seed')}: ran on fold {rep['fold']}, but as "
+            f"repeat {rep['repeat']} of the merged run it would be on fold {want} (the earlier "
+            f"parts' repeats must be a multiple of the {len(folds)} folds)"
+        )
+
+
+def _as_one_run(cfg: object, seed: int, n: int) -> object:
+    """A variant's settings as the one run the merge stands for: its first seed, and as many
+    repeats (a fold's share of them, with folds) as the parts planned together."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("scenario"), dict) or not n:
+        return cfg
+    folds = _folds(cfg)
+    per = n // len(folds) if folds and n % len(folds) == 0 else n
+    return {**cfg, "scenario": {**cfg["scenario"], "seed": seed, "repeats": per}}
 
 
 def _check_same(name: str, r: int, metric: str, a: dict, b: dict, la: str, lb: str) -> None:

@@ -26,9 +26,14 @@ def runs(tmp_path_factory) -> Path:
         ("b", ["attacked-median"]),
         ("overlap", ["fedavg", "attacked-median"]),
         ("seed5", ["attacked-median"]),
+        ("three", []),  # seeds 4-6, on data drawn from seed 4 (dataset.seed)
+        ("two", []),  # seeds 4-5, the same data
+        ("later", []),  # seeds 5-6, the same data
     ):
         extra = [a for v in only for a in ("--only", v)]
-        extra += ["--seed", "5"] if name == "seed5" else []
+        extra += ["--seed", "5"] if name in ("seed5", "later") else []
+        extra += ["--set", "scenario.repeats=3"] if name == "three" else []
+        extra += ["--set", "dataset.seed=4"] if name in ("three", "two", "later") else []
         argv = [str(scenario), "--out", str(root / name), "--quiet", *extra]
         assert main(argv) == 0
     return root
@@ -62,10 +67,48 @@ def test_parts_merge_into_the_whole_run(runs, capsys):
     assert (out / "curves.png").exists()
 
 
+def test_a_part_run_with_later_seeds_adds_them(runs, tmp_path, capsys):
+    """Seeds 4-5 and a part from seed 5 (seeds 5-6; seed 5 in both, checked) merge into the
+    run of seeds 4-6: the same repeats, tests and conclusions."""
+    out = tmp_path / "merged"
+    assert main(["merge", str(runs / "later"), str(runs / "two"), "--out", str(out)]) == 0
+    merged, three = _read(out), _read(runs / "three")
+    assert merged["complete"] and merged["seed"] == 4
+    assert _without_wall_time(merged["variants"]) == _without_wall_time(three["variants"])
+    assert merged["comparisons"] == three["comparisons"] and merged["config"] == three["config"]
+    assert "3 variants, 9 repeats" in capsys.readouterr().out
+
+
+def test_later_seeds_on_other_folds_are_refused(runs, tmp_path, capsys):
+    """With folds, a later-seeded part's repeat must have run on the fold its number in the
+    merged run gives it; seeds 5-6 after one seed (4) with two folds would not."""
+    parts = {}
+    for name in ("two", "later"):
+        res = _read(runs / name)
+        for variant, entry in res["variants"].items():
+            res["config"][variant]["dataset"]["folds"] = [1, 2]
+            for rep in entry["repeats"]:
+                rep["fold"] = 1 + rep["repeat"] % 2
+        if name == "two":
+            for entry in res["variants"].values():
+                entry["repeats"] = entry["repeats"][:1]  # seed 4 only
+            res["planned"]["repeats"] = 1
+        parts[name] = _write(tmp_path / name, res)
+    out = tmp_path / "merged"
+    argv = ["merge", str(parts["later"]), str(parts["two"]), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "seed 5: ran on fold 1, but as repeat 1 of the merged run it would be on fold 2" in err
+    assert not out.exists()
+
+
 def test_parts_of_other_runs_are_refused_with_nothing_written(runs, capsys, tmp_path):
     out = tmp_path / "merged"
+    # other seeds on data drawn from the scenario seed: other data
     assert main(["merge", str(runs / "a"), str(runs / "seed5"), "--out", str(out)]) == 2
-    assert "seed = 5, but" in capsys.readouterr().err
+    assert "draws its data from the scenario seed (4; the parts have seeds [4, 5])" in (
+        capsys.readouterr().err
+    )
     # the same variant with another result: another version of the code or data
     res = _read(runs / "overlap")
     res["variants"]["fedavg"]["repeats"][1]["offline"]["ndcg@10"][-1] += 0.01
