@@ -190,8 +190,7 @@ def _as_one_run(cfg: object, seed: int, n: int) -> object:
 
 
 def _check_same(name: str, r: int, metric: str, a: dict, b: dict, la: str, lb: str) -> None:
-    """The same repeat in two parts (same seed, as the scenario seeds agree): the same final
-    metric, to float noise."""
+    """The same repeat in two parts (the same seed): the same final metric, to float noise."""
     va, vb = final_value(a, metric), final_value(b, metric)
     if va is None or vb is None or not math.isclose(va, vb, rel_tol=0, abs_tol=AGREE):
         raise FoltrError(

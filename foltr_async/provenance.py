@@ -5,7 +5,8 @@ repeats (``--reuse``, ``merge``) must come from the same code. The stamp's ``sou
 of every Python file the simulator runs (this package and its protocols): equal hashes, equal
 code, whatever the version number or the commit say (a change to a docstring changes it too;
 the check errs on the side of running again). ``commit`` is there for the reader when the code
-is a git checkout; ``python`` and ``numpy`` because another numpy may round differently.
+is a git checkout (``modified``: its simulator or protocol files differ from that commit);
+``python`` and ``numpy`` because another numpy may round differently.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from foltr_async.errors import FoltrError
 
 @functools.cache
 def code_stamp() -> dict:
-    """This process's code: ``version``, ``source`` (hash), ``commit`` (if a git checkout),
-    ``python``, ``numpy``. Computed once per process (the code does not change under it)."""
+    """This process's code: ``version``, ``source`` (hash), ``commit`` and ``modified`` (if a
+    git checkout), ``python``, ``numpy``. Computed once per process (the code does not change
+    under it)."""
     protocols = importlib.util.find_spec("foltr_async.protocols")  # found, not imported
     digest = hashlib.sha256()
     roots = {
@@ -46,27 +48,25 @@ def code_stamp() -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
     }
-    commit = _git_commit(Path(foltr_async.__path__[0]).parent)
+    root = Path(foltr_async.__path__[0]).parent
+    commit = _git(root, "rev-parse", "HEAD")
     if commit:
-        stamp["commit"] = commit
+        changed = _git(root, "status", "--porcelain", "--", "foltr_async", "protocols")
+        stamp.update(commit=commit, modified=bool(changed))
     return stamp
 
 
-def _git_commit(root: Path) -> str | None:
-    """The checkout's HEAD commit, or None (not a checkout, or no git)."""
+def _git(root: Path, *args: str) -> str | None:
+    """A git command's output in the checkout at ``root``, or None (not a checkout, no git)."""
     if not (root / ".git").exists():
         return None
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip()
 
 
 def check_same_code(results: dict, label: str, what: str) -> None:

@@ -340,6 +340,7 @@ def render_summary_md(results: dict) -> str:
     code = results.get("code")
     if code:
         commit = f", commit {code['commit'][:12]}" if code.get("commit") else ""
+        commit += " with changes" if code.get("modified") else ""
         lines.append(
             f"Code: foltr_async {code.get('version')} (source {code.get('source')}{commit}), "
             f"Python {code.get('python')}, numpy {code.get('numpy')}."
