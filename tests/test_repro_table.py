@@ -96,27 +96,39 @@ def test_power_gives_each_comparison_its_spread_and_detectable_difference(runs):
         assert rows[c["variant"]][3] == f"{detectable_difference(d.std(ddof=1), d.size):.4f}"
 
 
+def _rows(*args: str) -> dict[str, list[str]]:
+    """A table's cells by row name (the first cell)."""
+    out = table(*args)
+    assert out.returncode == 0, out.stderr
+    return {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in out.stdout.splitlines()
+    }
+
+
 def test_an_arm_read_at_a_round_of_a_longer_one_equals_that_arm_run(tmp_path):
     """``--read-at`` reads an arm that is another's first rounds at that round: the row equals
-    the arm run on its own (levels, difference, p), and bad specs are one line."""
+    the arm run on its own (levels, difference, p); ``--at-round`` reads every arm so; bad
+    specs are one line."""
     scenario = tmp_path / "s.toml"
     scenario.write_text(SCENARIO + "[variants.short]\nfederation = { rounds = 3 }\n")
     assert main([str(scenario), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     run = str(tmp_path / "run")
-    out = table(run, "--read-at", "read=fedavg@3")
-    assert out.returncode == 0, out.stderr
-    rows = {
-        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in out.stdout.splitlines()
-    }
+    rows = _rows(run, "--read-at", "read=fedavg@3")
     short, read = rows["short"], rows["read"]
     assert read[:2] == short[:2] and read[2] == "–" and short[2] != "–"  # online: whole run only
     assert read[3:5] == short[3:5] and short[4] != "–"  # n, Δ
     assert read[5] == short[5]  # raw p; Holm and Bonferroni count one more comparison
     assert len(rows) == 2 + 5  # header, rule, the run's four variants and the read one
-    for spec, says in (
-        ("read=fedavg", "expected NAME=VARIANT@ROUND"),
-        ("read=nope@3", "no variant 'nope'"),
-        ("read=fedavg@4", "has no evaluation at round 4"),
+    # every arm at one round: the longer arm at round 3 is the 3-round arm's final
+    at3 = _rows(run, "--at-round", "3")
+    assert at3["fedavg"][:2] == short[:2] and at3["short"][:2] == short[:2]
+    at6 = _rows(run, "--at-round", "6")  # the 3-round arm was not evaluated there: left out
+    assert "short" not in at6 and at6["attacked-median"][:2] == rows["attacked-median"][:2]
+    for option, spec, says in (
+        ("--read-at", "read=fedavg", "expected NAME=VARIANT@ROUND"),
+        ("--read-at", "read=nope@3", "no variant 'nope'"),
+        ("--read-at", "read=fedavg@4", "has no evaluation at round 4"),
+        ("--at-round", "4", "no variant was evaluated at round 4"),
     ):
-        bad = table(run, "--read-at", spec)
+        bad = table(run, option, spec)
         assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and says in bad.stderr

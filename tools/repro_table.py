@@ -25,6 +25,8 @@ settings but fewer rounds, when nothing depends on the total: e.g. fpdgd_batch_d
 rounds1000-B2-dp is budget4M-B2-dp's first 1000 rounds), so it need not run. The row takes the
 place of a variant of that name; the comparisons, Holm and Bonferroni are computed again over
 the table's variants. Its online metric is left out ("–"): results hold only the whole run's.
+``--at-round ROUND`` reads every variant so (after ``--read-at``), for the order of the arms at
+one round: those not evaluated there are left out.
 """
 
 from __future__ import annotations
@@ -238,6 +240,22 @@ def read_at(results: dict, spec: str) -> dict:
     }
 
 
+def at_round(results: dict, round_: int) -> dict:
+    """Every variant of ``results`` read at its evaluation of ``round_`` (``read_at``); those
+    without one in some repeat are left out, and so is the reference comparison if it has none."""
+    kept = {
+        name: entry
+        for name, entry in results["variants"].items()
+        if entry["repeats"] and all(round_ in r.get("rounds", []) for r in entry["repeats"])
+    }
+    if not kept:
+        raise FoltrError(f"--at-round {round_}: no variant was evaluated at round {round_}")
+    out = {**results, "variants": kept}
+    for name in kept:
+        out = read_at(out, f"{name}={name}@{round_}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -261,19 +279,24 @@ def main() -> None:
         metavar="NAME=VARIANT@ROUND",
         help="a row read from a longer variant at one of its evaluated rounds",
     )
+    ap.add_argument(
+        "--at-round", type=int, metavar="ROUND", help="every variant read at this round"
+    )
     args = ap.parse_args()
     try:
         runs = [(_label(path), load_results(path)) for path in args.results]
-        if args.read_at and len(runs) == 1:
+        if (args.read_at or args.at_round is not None) and len(runs) == 1:
             for spec in args.read_at:
                 runs[0] = (runs[0][0], read_at(runs[0][1], spec))
+            if args.at_round is not None:
+                runs[0] = (runs[0][0], at_round(runs[0][1], args.at_round))
     except FoltrError as exc:
         sys.exit(f"repro_table: {exc}")
     if len(runs) > 1:
-        if args.metric or args.conclusions or args.power or args.read_at:
+        if args.metric or args.conclusions or args.power or args.read_at or args.at_round:
             sys.exit(
-                "repro_table: --metric, --conclusions, --power and --read-at take one run, "
-                "not several"
+                "repro_table: --metric, --conclusions, --power, --read-at and --at-round take "
+                "one run, not several"
             )
         print(delta_table(runs, args.only), end="")
         return
