@@ -102,6 +102,7 @@ def test_a_file_planned_in_parts_runs_every_variant_once_through_only():
         ('file = "s.toml"\nonly = "plain"', "run 1: only must be a list of variant names"),
         ('file = "s.toml"\nreuse = "s"', "run 1: reuse must be a list of the plan's run names"),
         ('file = "s.toml"\nreuse = ["t"]', "run 's': reuse names 't', not a run of the plan"),
+        ('file = "s.toml"\nread_at = ["x"]', 'run 1: read_at must be a list of "NAME=VARIANT@'),
     ],
 )
 def test_a_bad_plan_is_one_line_and_exit_2(tmp_path, entry, message):
@@ -211,6 +212,7 @@ def test_a_run_takes_the_repeats_a_run_it_reuses_made_with_the_same_settings(tmp
     (tmp_path / "plan.toml").write_text(
         '[[run]]\nfile = "tiny.toml"\nclicks = ["perfect"]\n'
         '[[run]]\nfile = "other.toml"\nclicks = ["perfect"]\nreuse = ["tiny"]\n'
+        'read_at = ["early=plain@2"]\n'
     )
     before = tool("--plan-file", "plan.toml", "--out", "out", "--plan", cwd=tmp_path)
     assert "--reuse" not in before.stdout  # nothing to take yet
@@ -226,6 +228,8 @@ def test_a_run_takes_the_repeats_a_run_it_reuses_made_with_the_same_settings(tmp
     ]
     assert finals[0] == finals[1]
     assert all("reused" not in r for r in res["more"]["repeats"])  # another epsilon: run
+    tiny_part, other_part = (out / "REPORT.md").read_text().split("## other-perfect")
+    assert "| early |" in other_part and "| early |" not in tiny_part  # its plan's read_at
     # results made by other code are not offered to --reuse (which would refuse them)
     first = out / "tiny-perfect" / "results.json"
     assert (

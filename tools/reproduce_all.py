@@ -13,7 +13,9 @@ A plan entry's ``reuse = ["other"]`` passes ``--reuse OUT/other[-<click model>]`
 has written results with this code (``foltr_async.provenance``): repeats both files compute
 with the same settings and seed (e.g. ``fpdgd_clients``'s 1,000-client arms, ``fpdgd_dp``'s
 FPDGD and (4.5, 5)) are taken, not run again; the results are the same either way, only the
-time differs.
+time differs. ``read_at = ["NAME=VARIANT@ROUND"]`` adds a row to the run's table in REPORT.md,
+read from a longer arm (``repro_table.py --read-at``): with ``only`` leaving out an arm that is
+another's first rounds, it is not computed twice.
 ``--runs N`` keeps N runs going at once (each with ``--jobs`` processes), longest first by
 the CPU time ``runs.jsonl`` recorded for them (runs without a record keep the plan's order,
 after those): on a few cores ``--runs 2 --jobs 1`` leaves no core idle at the end of each run
@@ -58,6 +60,7 @@ class Run:
     sets: tuple[str, ...]
     only: tuple[str, ...] = ()  # a part of the file's variants (merge the parts afterwards)
     reuse: tuple[str, ...] = ()  # runs of the plan whose finished repeats this one may take
+    read_at: tuple[str, ...] = ()  # rows its report reads from longer arms (repro_table)
 
     def command(self, out: Path, jobs: int, extra: list[str]) -> list[str]:
         sets = [a for s in (*self.sets, *extra) for a in ("--set", s)]
@@ -99,7 +102,7 @@ def load_plan(path: Path) -> list[Run]:
     runs: list[Run] = []
     for i, entry in enumerate(entries, 1):
         where = f"{path}: run {i}"
-        unknown = set(entry) - {"name", "file", "clicks", "set", "only", "reuse"}
+        unknown = set(entry) - {"name", "file", "clicks", "set", "only", "reuse", "read_at"}
         if unknown:
             fail(f"{where}: unknown key {sorted(unknown)[0]!r}")
         file = Path(str(entry.get("file", "")))
@@ -118,6 +121,11 @@ def load_plan(path: Path) -> list[Run]:
         reuse = entry.get("reuse", [])
         if not isinstance(reuse, list) or not all(isinstance(v, str) and v for v in reuse):
             fail(f"{where}: reuse must be a list of the plan's run names")
+        read_at = entry.get("read_at", [])
+        if not isinstance(read_at, list) or not all(
+            isinstance(v, str) and "=" in v and "@" in v for v in read_at
+        ):
+            fail(f'{where}: read_at must be a list of "NAME=VARIANT@ROUND" strings')
         stem = str(entry.get("name", file.stem))
         if not stem or not stem.isprintable() or any(c in stem for c in "/\\"):
             fail(f"{where}: name must name one folder (no '/')")
@@ -125,7 +133,7 @@ def load_plan(path: Path) -> list[Run]:
             name = stem if click is None else f"{stem}-{click}"
             extra = () if click is None else (f"clicks.model={click}",)
             sources = tuple(r if click is None else f"{r}-{click}" for r in reuse)
-            runs.append(Run(name, file, (*extra, *sets), tuple(only), sources))
+            runs.append(Run(name, file, (*extra, *sets), tuple(only), sources, tuple(read_at)))
     names = [r.name for r in runs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -243,8 +251,9 @@ def write_report(out: Path, runs: list[Run]) -> Path:
                 f"load {rec['load_start']} -> {rec['load_end']}",
                 "",
             ]
+        read_at = [a for spec in run.read_at for a in ("--read-at", spec)]
         table = subprocess.run(
-            [sys.executable, str(TABLE), str(folder), "--conclusions"],
+            [sys.executable, str(TABLE), str(folder), "--conclusions", *read_at],
             capture_output=True,
             text=True,
         )
