@@ -6,15 +6,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from foltr_async.benchmarks.costs import bench_csfltr, bench_secagg
 from foltr_async.benchmarks.footprint import (
@@ -39,6 +36,7 @@ from foltr_async.benchmarks.rounds import bench_foltr_es, bench_fpdgd
 from foltr_async.benchmarks.transport import bench_bus, bench_zmq, zmq_sender
 from foltr_async.errors import FoltrError
 from foltr_async.ltr.threads import facts as kernel_facts
+from foltr_async.provenance import code_stamp, git
 
 SUITES = ("fpdgd", "foltr_es", "bus", "startup", "memory", "zmq", "parse", "secagg", "csfltr")
 
@@ -52,22 +50,17 @@ def child_main(spec_json: str) -> None:
 
 
 def _meta(quick: bool, scale: float) -> dict:
-    def git(*args: str) -> str | None:
-        try:
-            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout.strip("\n") if r.returncode == 0 else None
-
     # Code that differs from the commit (edited or not yet added) changes what was measured.
-    status = git("status", "--porcelain", "--", "foltr_async", "protocols", "benchmarks")
+    stamp = code_stamp()
+    status = git(ROOT, "status", "--porcelain", "--", "foltr_async", "protocols", "benchmarks")
     changed = [line[3:] for line in (status or "").splitlines() if line.endswith(".py")]
     return {
-        "commit": git("rev-parse", "HEAD"),
+        "commit": stamp.get("commit"),
+        "source": stamp["source"],  # the simulator's code, as results.json's code.source
         "dirty": bool(changed) if status is not None else None,
         "local_changes": changed,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
+        "python": stamp["python"],
+        "numpy": stamp["numpy"],
         "cores": os.cpu_count(),
         "machine": f"{platform.system()} {platform.machine()}",
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),

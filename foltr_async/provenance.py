@@ -49,14 +49,14 @@ def code_stamp() -> dict:
         "numpy": np.__version__,
     }
     root = Path(foltr_async.__path__[0]).parent
-    commit = _git(root, "rev-parse", "HEAD")
+    commit = git(root, "rev-parse", "HEAD")
     if commit:
-        changed = _git(root, "status", "--porcelain", "--", "foltr_async", "protocols")
+        changed = git(root, "status", "--porcelain", "--", "foltr_async", "protocols")
         stamp.update(commit=commit, modified=bool(changed))
     return stamp
 
 
-def _git(root: Path, *args: str) -> str | None:
+def git(root: Path, *args: str) -> str | None:
     """A git command's output in the checkout at ``root``, or None (not a checkout, no git)."""
     if not (root / ".git").exists():
         return None
@@ -66,7 +66,7 @@ def _git(root: Path, *args: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip()
+    return out.stdout.strip("\n")  # not the leading space of a status line
 
 
 def check_same_code(results: dict, label: str, what: str) -> None:
