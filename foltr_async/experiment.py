@@ -123,18 +123,26 @@ class Checkpoints:
 
 
 def _settings(cfg: dict) -> str:
-    """A variant's settings as a key, without its scenario section (name, description, repeats
-    and reference do not change what a repeat computes; the seed is matched separately)."""
-    return json.dumps({k: v for k, v in cfg.items() if k != "scenario"}, sort_keys=True)
+    """What a variant's repeat computes from, besides its seed and fold, as a key: its settings
+    without the scenario section (name, description, repeats, reference and seed only say
+    which repeats run) and the folds list (the repeat's own fold is matched separately), but
+    with the scenario seed when the data are drawn from it (a synthetic profile or AOL users
+    without ``dataset.seed``)."""
+    key = {k: v for k, v in cfg.items() if k != "scenario"}
+    data = {k: v for k, v in cfg["dataset"].items() if k != "folds"}
+    if data.get("seed") is None and (data.get("path") is None or data["format"] == "aol4foltr"):
+        data["seed"] = cfg["scenario"]["seed"]
+    return json.dumps({**key, "dataset": data}, sort_keys=True)
 
 
 def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int], dict]:
     """The repeats of ``scenario`` that the runs in ``runs`` (output folders or results.json,
-    of any scenario) already finished: same settings apart from the scenario section, same
-    repeat index (hence the same fold) and the same seed. Each result says where it came from
-    (``reused``). A run made by other code is refused (``check_same_code``); that the data are
-    the same is the caller's word, as for ``merge``."""
-    found: dict[tuple[str, int, int], tuple[dict, str]] = {}
+    of any scenario, seed or repeat count) already finished: the same settings (``_settings``),
+    the same seed and the same fold; each result says where it came from (``reused``). So a run
+    of seeds 6-25 takes them from a run of seeds 1-25, and one of fold 3 from a five-fold run.
+    A run made by other code is refused (``check_same_code``); that the data are the same is
+    the caller's word, as for ``merge``."""
+    found: dict[tuple[str, int, int | None], tuple[dict, str]] = {}
     for path in runs:
         res = load_results(path)
         check_same_code(res, str(path), "--reuse")
@@ -144,15 +152,16 @@ def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int]
                 raise FoltrError(f"--reuse {path}: variant {name} has no settings recorded")
             key, where = _settings(cfg), f"{path}:{name}"
             for rep in entry.get("repeats") or []:
-                if isinstance(rep.get("repeat"), int) and isinstance(rep.get("seed"), int):
-                    found.setdefault((key, rep["repeat"], rep["seed"]), (rep, where))
+                if isinstance(rep.get("seed"), int):
+                    found.setdefault((key, rep["seed"], rep.get("fold")), (rep, where))
     reused = {}
     for name, cfg in scenario.variants.items():
         key = _settings(cfg)
         for r in range(scenario.repeats):
-            hit = found.get((key, r, scenario.seed + r))
+            fold = scenario.folds[r % len(scenario.folds)] if scenario.folds else None
+            hit = found.get((key, scenario.seed + r, fold))
             if hit is not None:
-                reused[name, r] = {**hit[0], "reused": hit[1]}
+                reused[name, r] = {**hit[0], "repeat": r, "reused": hit[1]}
     return reused
 
 

@@ -227,9 +227,22 @@ def test_another_scenarios_repeats_with_the_same_settings_and_seed_are_reused(ru
     assert all("reused" not in rep for rep in v["shorter"]["repeats"])  # other rounds: run
     assert _not_reused(v) == _without_wall_time(fresh["variants"])
     assert reused["comparisons"] == fresh["comparisons"]
-    # another seed pairs with nothing: every repeat runs
+    # another scenario seed on data drawn from it: other data, every repeat runs
     other_seed = _run_other(tmp_path, "seed5", "--reuse", str(runs / "whole"), "--seed", "5")
     assert all("reused" not in r for e in other_seed["variants"].values() for r in e["repeats"])
+
+
+def test_a_run_of_later_seeds_takes_them_from_a_longer_run(runs, tmp_path):
+    """Seeds 5-6 (data fixed by dataset.seed) are repeats 1-2 of the run of seeds 4-6: taken,
+    renumbered, and equal to what the run computes itself."""
+    later = ["--seed", "5", "--set", "dataset.seed=4"]
+    fresh = _run_other(tmp_path, "fresh", *later)
+    reused = _run_other(tmp_path, "reused", *later, "--reuse", str(runs / "three"))
+    v = reused["variants"]
+    assert [r["reused"] for r in v["plain"]["repeats"]] == [f"{runs / 'three'}:fedavg"] * 2
+    assert [r["repeat"] for r in v["plain"]["repeats"]] == [0, 1]
+    assert _not_reused(v) == _without_wall_time(fresh["variants"])
+    assert reused["comparisons"] == fresh["comparisons"]
 
 
 def test_reusing_what_is_not_a_run_is_one_line(runs, tmp_path, capsys):
