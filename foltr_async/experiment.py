@@ -39,7 +39,7 @@ from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
 from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.clock import run as run_loop
-from foltr_async.scenario.load import Scenario, repeat_config
+from foltr_async.scenario.load import Scenario, data_seed, repeat_config
 from foltr_async.simulation import RunCheckpoint, Simulation
 
 METRIC = "ndcg@10"
@@ -130,9 +130,7 @@ def _settings(cfg: dict) -> str:
     without ``dataset.seed``)."""
     key = {k: v for k, v in cfg.items() if k != "scenario"}
     data = {k: v for k, v in cfg["dataset"].items() if k != "folds"}
-    if data.get("seed") is None and (data.get("path") is None or data["format"] == "aol4foltr"):
-        data["seed"] = cfg["scenario"]["seed"]
-    return json.dumps({**key, "dataset": data}, sort_keys=True)
+    return json.dumps({**key, "dataset": {**data, "seed": data_seed(cfg)}}, sort_keys=True)
 
 
 def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int], dict]:

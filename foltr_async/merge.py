@@ -20,6 +20,7 @@ from pathlib import Path
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import conclusions
 from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value, load_results
+from foltr_async.scenario.load import data_seed
 
 #: how far the same repeat's final metric may differ between two parts (float noise only)
 AGREE = 1e-9
@@ -148,9 +149,9 @@ def _check_same_data(runs: list[tuple[str, dict]]) -> None:
         return
     for label, res in runs:
         for name, cfg in (res.get("config") or {}).items():
-            data = cfg.get("dataset") or {} if isinstance(cfg, dict) else {}
-            drawn = data.get("path") is None or data.get("format") == "aol4foltr"
-            if drawn and data.get("seed") is None:
+            if not (isinstance(cfg, dict) and isinstance(cfg.get("dataset"), dict)):
+                raise FoltrError(f"{label}: variant {name} has no dataset settings recorded")
+            if data_seed(cfg) is not None and cfg["dataset"].get("seed") is None:
                 raise FoltrError(
                     f"{label}: variant {name} draws its data from the scenario seed "
                     f"({res['seed']}; the parts have seeds {sorted(seeds)}), so parts of other "

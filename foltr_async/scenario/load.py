@@ -345,6 +345,16 @@ def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
     return folds
 
 
+def data_seed(cfg: dict[str, Any]) -> int | None:
+    """The seed a variant's data are drawn from (a synthetic profile, AOL users):
+    ``dataset.seed``, else the scenario seed; None when they are read as they are (LETOR
+    files). Runs of other scenario seeds share drawn data only through ``dataset.seed``."""
+    d = cfg["dataset"]
+    if d.get("path") is not None and d.get("format") != "aol4foltr":
+        return None
+    return d["seed"] if d.get("seed") is not None else cfg["scenario"]["seed"]
+
+
 def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[str, Any]:
     """The config repeat ``repeat`` runs: with folds, ``dataset.path`` names its fold."""
     if not scenario.folds:
