@@ -175,7 +175,8 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         default=[],
         metavar="DIR",
         help="take the repeats an earlier run (any scenario, this code and data) finished with "
-        "the same settings and seed from its output folder DIR instead of running them again",
+        "the same settings, seed and fold from its output folder DIR instead of running them "
+        "again",
     )
     _add_threads(
         p,
@@ -551,8 +552,9 @@ def _cmd_validate(argv: list[str]) -> int:
 def _cmd_merge(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m foltr_async merge",
-        description="One results folder from runs of one scenario made in parts (--only, other "
-        "machines): repeats pair by seed, the paired tests and Holm are over every variant.",
+        description="One results folder from runs of one scenario made in parts (--only, later "
+        "--seed, other machines): repeats pair by seed, the paired tests and Holm are over every "
+        "variant.",
     )
     p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
     p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
