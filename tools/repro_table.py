@@ -24,7 +24,8 @@ their evaluation of round ROUND, for an arm that is another's first ROUND rounds
 settings but fewer rounds, when nothing depends on the total: e.g. fpdgd_batch_dp.toml's
 rounds1000-B2-dp is budget4M-B2-dp's first 1000 rounds), so it need not run. The row takes the
 place of a variant of that name; the comparisons, Holm and Bonferroni are computed again over
-the table's variants. Its online metric is left out ("–"): results hold only the whole run's.
+the table's variants. Its online metric is left out ("–"): results hold only the whole run's
+(so are its messages, privacy and costs).
 ``--at-round ROUND`` reads every variant so (after ``--read-at``), for the order of the arms at
 one round: those not evaluated there are left out.
 """
@@ -221,14 +222,12 @@ def read_at(results: dict, spec: str) -> dict:
                 f"at round {round_} (evaluated: {rep.get('rounds', [])[:3]}...)"
             )
         i = rep["rounds"].index(round_) + 1
-        repeats.append(
-            {
-                **{k: v for k, v in rep.items() if k != "online"},
-                "rounds": rep["rounds"][:i],
-                "offline": {m: values[:i] for m, values in rep["offline"].items()},
-                "read_at": f"{variant}@{round_}",
-            }
-        )
+        # only what is known at that round: the whole run's online metric, messages, privacy
+        # and costs describe more rounds than the row's
+        kept = {k: rep[k] for k in ("seed", "repeat", "fold", "judged_queries") if k in rep}
+        aligned = {k: rep[k][:i] for k in ("rounds", "sim_times", "interactions") if k in rep}
+        offline = {m: values[:i] for m, values in rep["offline"].items()}
+        repeats.append({**kept, **aligned, "offline": offline, "read_at": f"{variant}@{round_}"})
     metric = results.get("metric", "ndcg@10")
     variants = {**results["variants"], name: {"repeats": repeats}}
     variants[name]["summary"] = summarise_variant(repeats, metric)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a chec
 from foltr_async.errors import FoltrError  # noqa: E402
 from foltr_async.ltr import threads  # noqa: E402
 from foltr_async.observe.results import load_results  # noqa: E402
-from foltr_async.provenance import code_stamp  # noqa: E402
+from foltr_async.provenance import check_same_code  # noqa: E402
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
@@ -78,10 +78,10 @@ def _reusable(folder: Path) -> bool:
     """A run's folder whose results this code may take: written, and by this code (results
     made by other code run again, as ``--reuse`` would refuse them; older ones carry no stamp)."""
     try:
-        res = load_results(folder)
+        check_same_code(load_results(folder), str(folder), "--reuse")
     except FoltrError:
         return False
-    return (res.get("code") or {}).get("source", code_stamp()["source"]) == code_stamp()["source"]
+    return True
 
 
 def fail(message: str) -> NoReturn:
