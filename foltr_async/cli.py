@@ -563,9 +563,11 @@ def _cmd_merge(argv: list[str]) -> int:
 
     _refuse_taken(args.out)
     res = merge_runs(args.runs, args.out)
+    seeds = sorted({r["seed"] for v in res["variants"].values() for r in v["repeats"]})
     n = sum(len(v["repeats"]) for v in res["variants"].values())
+    span = f" (seeds {seeds[0]}-{seeds[-1]})" if seeds else ""
     print(
-        f"{args.out}: {len(res['variants'])} variants, {n} repeats"
+        f"{args.out}: {len(res['variants'])} variants, {n} repeats{span}"
         f"{'' if res['complete'] else '; not complete: some planned repeats are in no part'}"
     )
     return 0

@@ -76,7 +76,7 @@ def test_a_part_run_with_later_seeds_adds_them(runs, tmp_path, capsys):
     assert merged["complete"] and merged["seed"] == 4
     assert _without_wall_time(merged["variants"]) == _without_wall_time(three["variants"])
     assert merged["comparisons"] == three["comparisons"] and merged["config"] == three["config"]
-    assert "3 variants, 9 repeats" in capsys.readouterr().out
+    assert "3 variants, 9 repeats (seeds 4-6)" in capsys.readouterr().out
 
 
 def test_later_seeds_on_other_folds_are_refused(runs, tmp_path, capsys):
