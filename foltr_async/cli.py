@@ -563,7 +563,9 @@ def _cmd_merge(argv: list[str]) -> int:
 
     _refuse_taken(args.out)
     res = merge_runs(args.runs, args.out)
-    seeds = sorted({r["seed"] for v in res["variants"].values() for r in v["repeats"]})
+    seeds = sorted(
+        {r["seed"] for v in res["variants"].values() for r in v["repeats"] if "seed" in r}
+    )
     n = sum(len(v["repeats"]) for v in res["variants"].values())
     span = f" (seeds {seeds[0]}-{seeds[-1]})" if seeds else ""
     print(
