@@ -77,11 +77,12 @@ class Checkpoints:
                     f"{self.path}: written for another configuration (the scenario file, --set, "
                     "--seed and --only must be those of the interrupted run)"
                 )
-            if data.get("code", code_stamp()["source"]) != code_stamp()["source"]:
+            mine = code_stamp()["source"]
+            if data.get("code", mine) != mine:
                 raise CheckpointError(
                     f"{self.path}: written by other code (source {data['code']}, this code "
-                    f"{code_stamp()['source']}); its finished repeats would not pair with what "
-                    "this code computes: resume with the code that started it, or start again"
+                    f"{mine}); its finished repeats would not pair with what this code "
+                    "computes: resume with the code that started it, or start again"
                 )
             every = every or data["every"]
         else:

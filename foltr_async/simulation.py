@@ -42,6 +42,7 @@ from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
+from foltr_async.scenario.load import data_seed
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
@@ -58,7 +59,7 @@ def _load(
     path: str | None,
     n_queries: int | None,
     normalise: bool,
-    seed: int,
+    seed: int | None,
     aol: tuple | None = None,
 ) -> Datasets:
     if aol is not None:
@@ -98,14 +99,13 @@ def _load(
 
 def load_datasets(cfg: dict) -> Datasets:
     d = cfg["dataset"]
-    seed = d["seed"] if d["seed"] is not None else cfg["scenario"]["seed"]
     aol = None
     if d["format"] == "aol4foltr":  # one user per client, attackers included
         users = cfg["federation"]["clients"] + sum(
             g["count"] for g in cfg["agents"] if g["role"] == "attacker"
         )
         aol = (users, d["min_queries"], d["select"], d["test_fraction"])
-    return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], seed, aol)
+    return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], data_seed(cfg), aol)
 
 
 def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]:
