@@ -204,33 +204,26 @@ def delta_table(runs: list[tuple[str, dict]], only: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def read_at(results: dict, spec: str) -> dict:
-    """``results`` with the row ``NAME=VARIANT@ROUND`` (see the module's docstring) and its
-    comparisons computed again; raises ``FoltrError`` naming what is wrong in ``spec``."""
-    name, _, source = spec.partition("=")
-    variant, _, at = source.rpartition("@")
-    if not name or not variant or not at.isdigit():
-        raise FoltrError(f"--read-at {spec!r}: expected NAME=VARIANT@ROUND")
-    if variant not in results["variants"]:
-        known = ", ".join(results["variants"])
-        raise FoltrError(f"--read-at {spec!r}: no variant {variant!r} (variants: {known})")
-    round_, repeats = int(at), []
-    for rep in results["variants"][variant]["repeats"]:
-        if round_ not in rep.get("rounds", []):
-            raise FoltrError(
-                f"--read-at {spec!r}: repeat {rep.get('repeat')} of {variant} has no evaluation "
-                f"at round {round_} (evaluated: {rep.get('rounds', [])[:3]}...)"
-            )
+def _read(repeats: list[dict], round_: int, label: str) -> list[dict]:
+    """``repeats`` as they stood at their evaluation of ``round_``: only what is known there
+    (the whole run's online metric, messages, privacy and costs describe more rounds)."""
+    out = []
+    for rep in repeats:
         i = rep["rounds"].index(round_) + 1
-        # only what is known at that round: the whole run's online metric, messages, privacy
-        # and costs describe more rounds than the row's
         kept = {k: rep[k] for k in ("seed", "repeat", "fold", "judged_queries") if k in rep}
         aligned = {k: rep[k][:i] for k in ("rounds", "sim_times", "interactions") if k in rep}
         offline = {m: values[:i] for m, values in rep["offline"].items()}
-        repeats.append({**kept, **aligned, "offline": offline, "read_at": f"{variant}@{round_}"})
+        out.append({**kept, **aligned, "offline": offline, "read_at": label})
+    return out
+
+
+def _with_rows(results: dict, rows: dict[str, list[dict]]) -> dict:
+    """``results`` with the variants ``rows`` (name -> repeats) added or replaced, their
+    summaries and every comparison computed again, once."""
     metric = results.get("metric", "ndcg@10")
-    variants = {**results["variants"], name: {"repeats": repeats}}
-    variants[name]["summary"] = summarise_variant(repeats, metric)
+    variants = dict(results["variants"])
+    for name, repeats in rows.items():
+        variants[name] = {"repeats": repeats, "summary": summarise_variant(repeats, metric)}
     reps = {n: e["repeats"] for n, e in variants.items()}
     return {
         **results,
@@ -239,20 +232,42 @@ def read_at(results: dict, spec: str) -> dict:
     }
 
 
+def read_at(results: dict, specs: list[str]) -> dict:
+    """``results`` with a row per ``NAME=VARIANT@ROUND`` of ``specs`` (see the module's
+    docstring); raises ``FoltrError`` naming what is wrong in a spec."""
+    rows = {}
+    for spec in specs:
+        name, _, source = spec.partition("=")
+        variant, _, at = source.rpartition("@")
+        if not name or not variant or not at.isdigit():
+            raise FoltrError(f"--read-at {spec!r}: expected NAME=VARIANT@ROUND")
+        if variant not in results["variants"]:
+            known = ", ".join(results["variants"])
+            raise FoltrError(f"--read-at {spec!r}: no variant {variant!r} (variants: {known})")
+        repeats = results["variants"][variant]["repeats"]
+        missing = [r for r in repeats if int(at) not in r.get("rounds", [])]
+        if missing:
+            rep = missing[0]
+            raise FoltrError(
+                f"--read-at {spec!r}: repeat {rep.get('repeat')} of {variant} has no evaluation "
+                f"at round {at} (evaluated: {rep.get('rounds', [])[:3]}...)"
+            )
+        rows[name] = _read(repeats, int(at), f"{variant}@{at}")
+    return _with_rows(results, rows)
+
+
 def at_round(results: dict, round_: int) -> dict:
-    """Every variant of ``results`` read at its evaluation of ``round_`` (``read_at``); those
-    without one in some repeat are left out, and so is the reference comparison if it has none."""
+    """Every variant of ``results`` read at its evaluation of ``round_``; those without one in
+    some repeat are left out, and so is the reference comparison if it has none."""
     kept = {
-        name: entry
+        name: entry["repeats"]
         for name, entry in results["variants"].items()
         if entry["repeats"] and all(round_ in r.get("rounds", []) for r in entry["repeats"])
     }
     if not kept:
         raise FoltrError(f"--at-round {round_}: no variant was evaluated at round {round_}")
-    out = {**results, "variants": kept}
-    for name in kept:
-        out = read_at(out, f"{name}={name}@{round_}")
-    return out
+    rows = {name: _read(repeats, round_, f"{name}@{round_}") for name, repeats in kept.items()}
+    return _with_rows({**results, "variants": {}}, rows)
 
 
 def main() -> None:
@@ -285,8 +300,8 @@ def main() -> None:
     try:
         runs = [(_label(path), load_results(path)) for path in args.results]
         if (args.read_at or args.at_round is not None) and len(runs) == 1:
-            for spec in args.read_at:
-                runs[0] = (runs[0][0], read_at(runs[0][1], spec))
+            if args.read_at:
+                runs[0] = (runs[0][0], read_at(runs[0][1], args.read_at))
             if args.at_round is not None:
                 runs[0] = (runs[0][0], at_round(runs[0][1], args.at_round))
     except FoltrError as exc:
