@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -137,11 +137,17 @@ class Probe(Checkpointed):
         restore(self, attrs, shared)
         self.add_records(shown)
 
-    def online(self) -> dict[str, float | int]:
-        acc = OnlineDiscounted()
-        for _, _, value in sorted(self._shown, key=lambda r: (r[0], r[1])):
+    def online(self, rounds: Sequence[int] = ()) -> tuple[dict[str, float | int], list[float]]:
+        """The online metric over every record, and its running value through each of
+        ``rounds`` (ascending; records of rounds up to it), summed in the one order, so a run
+        read at round r gives what the same run stopped at r gives."""
+        acc, at = OnlineDiscounted(), []
+        for r, _, value in sorted(self._shown, key=lambda rec: (rec[0], rec[1])):
+            while len(at) < len(rounds) and r > rounds[len(at)]:
+                at.append(acc.value)
             acc.add(value)
-        return {"ndcg@10_discounted": acc.value, "interactions": acc.t}
+        at += [acc.value] * (len(rounds) - len(at))
+        return {"ndcg@10_discounted": acc.value, "interactions": acc.t}, at
 
 
 @dataclass

@@ -558,18 +558,24 @@ class Simulation:
     def _collect(self) -> dict:
         """The run's results: curves, online metric, messages, protocol and transport facts."""
         curve = self._curve
+        # a synchronous run's users record the round they were served in, an asynchronous
+        # run's the model version: only the first is the evaluations' round
+        sync = not isinstance(self.server, AsyncServerAgent)
+        online, online_at = self.probe.online(self._rounds if sync else ())
         result = {
             "seed": self.seed,
             "rounds": self._rounds,
             "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
             "sim_times": self._times,  # simulated seconds at each evaluation
-            "online": self.probe.online(),
+            "online": online,
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
             "contributions": contributions(self._reports),
             "wall_s": time.perf_counter() - self._wall0,
             "sim_s": self._loop.time() - self._sim0,
         }
+        if sync:
+            result["online_at"] = online_at  # the online metric through each evaluated round
         if self.remote is None:  # remote users' records arrive only at checkpoints and the end
             result["interactions"] = self._interactions  # users' interactions by each evaluation
         if self.ctx.judged_queries is not None:

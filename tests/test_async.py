@@ -213,6 +213,9 @@ def test_results_report_interactions_by_each_evaluation_and_both_equal_horizons(
     assert a["interactions"][-1] <= a["online"]["interactions"]
     s, _ = simulate(variants["sync"])
     assert s["interactions"] == [5 * 6 * 4]  # evaluated once, after 5 rounds of 6 x 4
+    # the online metric through each evaluated round: a synchronous run's users record the round
+    # they were served in; an asynchronous run's the model version, not the evaluations' round
+    assert s["online_at"] == [s["online"]["ndcg@10_discounted"]] and "online_at" not in a
 
 
 def test_fedbuff_server_optimisers_follow_their_formulas():

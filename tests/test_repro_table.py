@@ -115,13 +115,25 @@ def test_an_arm_read_at_a_round_of_a_longer_one_equals_that_arm_run(tmp_path):
     run = str(tmp_path / "run")
     rows = _rows(run, "--read-at", "read=fedavg@3")
     short, read = rows["short"], rows["read"]
-    assert read[:2] == short[:2] and read[2] == "–" and short[2] != "–"  # online: whole run only
+    assert read[:3] == short[:3] and short[2] != "–"  # nDCG@10, MaxRR@10, online through round 3
     assert read[3:5] == short[3:5] and short[4] != "–"  # n, Δ
     assert read[5] == short[5]  # raw p; Holm and Bonferroni count one more comparison
     assert len(rows) == 2 + 5  # header, rule, the run's four variants and the read one
     # every arm at one round: the longer arm at round 3 is the 3-round arm's final
     at3 = _rows(run, "--at-round", "3")
     assert at3["fedavg"][:2] == short[:2] and at3["short"][:2] == short[:2]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    short_reps = res["variants"]["short"]["repeats"]
+    shorts = {r["seed"]: r["online"]["ndcg@10_discounted"] for r in short_reps}
+    for rep in res["variants"]["fedavg"]["repeats"]:  # the running online metric ends at the total
+        assert rep["online_at"][-1] == rep["online"]["ndcg@10_discounted"] > rep["online_at"][0]
+        assert rep["online_at"][rep["rounds"].index(3)] == shorts[rep["seed"]]  # to the last bit
+    legacy = tmp_path / "legacy"  # results made before online_at: the read row's online is "–"
+    legacy.mkdir()
+    for rep in (r for v in res["variants"].values() for r in v["repeats"]):
+        del rep["online_at"]
+    (legacy / "results.json").write_text(json.dumps(res))
+    assert _rows(str(legacy), "--read-at", "read=fedavg@3")["read"][2] == "–"
     at6 = _rows(run, "--at-round", "6")  # the 3-round arm was not evaluated there: left out
     assert "short" not in at6 and at6["attacked-median"][:2] == rows["attacked-median"][:2]
     for option, spec, says in (

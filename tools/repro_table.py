@@ -24,8 +24,9 @@ their evaluation of round ROUND, for an arm that is another's first ROUND rounds
 settings but fewer rounds, when nothing depends on the total: e.g. fpdgd_batch_dp.toml's
 rounds1000-B2-dp is budget4M-B2-dp's first 1000 rounds), so it need not run. The row takes the
 place of a variant of that name; the comparisons, Holm and Bonferroni are computed again over
-the table's variants. Its online metric is left out ("–"): results hold only the whole run's
-(so are its messages, privacy and costs).
+the table's variants. Its online metric is the cumulative one through round ROUND (the
+repeats' ``online_at``); results written before that was recorded hold only the whole run's,
+so it is left out ("–"), as are the row's messages, privacy and costs.
 ``--at-round ROUND`` reads every variant so (after ``--read-at``), for the order of the arms at
 one round: those not evaluated there are left out.
 """
@@ -206,14 +207,19 @@ def delta_table(runs: list[tuple[str, dict]], only: list[str]) -> str:
 
 def _read(repeats: list[dict], round_: int, label: str) -> list[dict]:
     """``repeats`` as they stood at their evaluation of ``round_``: only what is known there
-    (the whole run's online metric, messages, privacy and costs describe more rounds)."""
+    (the whole run's messages, privacy and costs describe more rounds)."""
     out = []
     for rep in repeats:
         i = rep["rounds"].index(round_) + 1
         kept = {k: rep[k] for k in ("seed", "repeat", "fold", "judged_queries") if k in rep}
-        aligned = {k: rep[k][:i] for k in ("rounds", "sim_times", "interactions") if k in rep}
+        aligned = {
+            k: rep[k][:i] for k in ("rounds", "sim_times", "interactions", "online_at") if k in rep
+        }
         offline = {m: values[:i] for m, values in rep["offline"].items()}
-        out.append({**kept, **aligned, "offline": offline, "read_at": label})
+        row = {**kept, **aligned, "offline": offline, "read_at": label}
+        if "online_at" in rep:
+            row["online"] = {"ndcg@10_discounted": rep["online_at"][i - 1]}
+        out.append(row)
     return out
 
 
