@@ -5,8 +5,9 @@
 - on another machine (CPU, BLAS, numba build) they are equal up to float rounding: integers and
   strings exactly, floats within a relative 1e-6, against results recorded on the reference
   machine (tests/data/same_results/, recorded at commit 4d0ba30; later changes added keys, such
-  as the interactions by each evaluation, and the DP change re-recorded the message bytes and
-  the privacy report of two cases, all else equal: their commits say so). A compiled
+  as the interactions and the online metric by each evaluation, and the DP change re-recorded
+  the message bytes and the privacy report of two cases, all else equal: their commits say
+  so). A compiled
   kernel or BLAS may sum in another order there, which moves the last bits of update statistics
   such as a cosine's mean and std; a change of logic moves them far more than 1e-6.
 
