@@ -142,9 +142,12 @@ class Probe(Checkpointed):
         ``rounds`` (ascending; records of rounds up to it), summed in the one order, so a run
         read at round r gives what the same run stopped at r gives."""
         acc, at = OnlineDiscounted(), []
+        ends = iter(rounds)
+        end = next(ends, None)
         for r, _, value in sorted(self._shown, key=lambda rec: (rec[0], rec[1])):
-            while len(at) < len(rounds) and r > rounds[len(at)]:
+            while end is not None and r > end:  # every record of rounds up to ``end`` is in
                 at.append(acc.value)
+                end = next(ends, None)
             acc.add(value)
         at += [acc.value] * (len(rounds) - len(at))
         return {"ndcg@10_discounted": acc.value, "interactions": acc.t}, at
