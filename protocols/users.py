@@ -52,8 +52,12 @@ class Users:
         """Replay: when the next unplayed query is issued (None: the log has ended)."""
         return float(self.arrivals[self.played]) if self.played < len(self.arrivals) else None
 
-    def next_query(self) -> int:
-        if self.arrivals is None:
+    def next_query(self, stream: np.random.RandomState | None = None) -> int:
+        """The next query: drawn uniformly (from ``stream`` when given: FOLtR-ES's authors'
+        streams) or a replayed log's next one."""
+        if stream is not None:
+            q = int(self.queries[stream.randint(0, len(self.queries))])
+        elif self.arrivals is None:
             q = int(self.queries[self.rng.integers(len(self.queries))])
         else:  # the log's next query; callers ask ``pending`` first, so it has arrived
             q = int(self.queries[self.played])
@@ -62,10 +66,17 @@ class Users:
             self.issued.append(q)
         return q
 
-    def show(self, q: int, ranking: np.ndarray) -> np.ndarray:
-        """The users see ``ranking`` (document offsets within query q) and click; returns clicks."""
+    def show(
+        self, q: int, ranking: np.ndarray, stream: np.random.RandomState | None = None
+    ) -> np.ndarray:
+        """The users see ``ranking`` (document offsets within query q) and click; returns clicks
+        (drawn from ``stream`` in a cascade's scan order when given: FOLtR-ES's authors' streams).
+        """
         labels = self.train.labels[self.train.doc_range(q)][ranking]
-        clicks = self.click_model.simulate(labels, self.rng)
+        if stream is not None:
+            clicks = self.click_model.scan(labels, stream)
+        else:
+            clicks = self.click_model.simulate(labels, self.rng)
         ideal = self.ideal[q]
         self.record(float(dcg_at_k(labels, K)) / ideal if ideal > 0 else 0.0)
         return clicks

@@ -121,8 +121,8 @@ def spied_client(mq2008_dir, params):
     client = sim.agents["client-0000"]
     shown, show = [], client.users.show
 
-    def record(q, ranking):
-        clicks = show(q, ranking)
+    def record(q, ranking, stream=None):
+        clicks = show(q, ranking, stream)
         shown.append((q, ranking, clicks))
         return clicks
 

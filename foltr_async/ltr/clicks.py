@@ -59,6 +59,22 @@ class CascadeModel:
             clicks[int(np.argmax(stops)) + 1 :] = False
         return clicks
 
+    def scan(self, labels: np.ndarray, stream: np.random.RandomState) -> np.ndarray:
+        """Clicks drawn in the order of the FOLtR-ES authors' click model: down the list, one
+        uniform for the click, a second only after a click for the stop, none past the stop
+        (so how many are drawn depends on the clicks: a stream shared with other draws, as
+        theirs is, must be read in this order)."""
+        g = _grade_index(labels, len(self.p_click))
+        p_click, p_stop = self.p_click[g].tolist(), self.p_stop[g].tolist()
+        clicks = np.zeros(g.size, dtype=bool)
+        draw = stream.random_sample
+        for i in range(g.size):
+            if draw() < p_click[i]:
+                clicks[i] = True
+                if draw() < p_stop[i]:
+                    break
+        return clicks
+
     def click_probability(self, labels: np.ndarray) -> np.ndarray:
         """Per-position P(click) of a displayed list, accounting for earlier stops (for tests)."""
         g = _grade_index(labels, len(self.p_click))
