@@ -370,16 +370,7 @@ class AuthorsESClient(ESClient):
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
         super().__init__(agent_id, ctx, queries, rng)
-        if not isinstance(self.users.click_model, CascadeModel):
-            raise ScenarioError(
-                "federation.params.streams = 'authors' draws clicks as the authors' cascade "
-                f"models do; clicks.model {self.users.click_model.name!r} is not one"
-            )
-        if self.users.arrivals is not None:
-            raise ScenarioError(
-                "federation.params.streams = 'authors' draws its users' queries; a replayed "
-                "query log cannot be used with it"
-            )
+        # FOLtR-ES reads no per-client data: the users are a cascade model drawing queries
         self.pool = None
         self.stream = np.random.RandomState(int(self.rng.integers(2**32)))
         self.layout = ctx.shared("foltr_es.torch_layout", lambda: torch_layout(self.ranker))
