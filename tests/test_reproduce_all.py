@@ -68,6 +68,11 @@ def test_the_plan_runs_every_reproduce_file_and_each_click_model_separately():
         "--set federation.params.p=1.0 --only linear-C2000 --only mlp10-C2000" in line
         for line in authors
     )
+    # and with their client's randomness
+    streams = [line for line in lines if line.startswith("foltres_authors_streams-")]
+    assert len(streams) == 3 and all(
+        "--set federation.params.streams=authors" in line for line in streams
+    )
     mslr = [line for line in lines if line.startswith("fpdgd_vs_foltres-mslr-like-")]
     assert len(mslr) == 3 and all("--set dataset.profile=mslr-like" in line for line in mslr)
 
