@@ -297,7 +297,8 @@ async def test_garbage_control_frames_are_counted_once_with_one_warning_per_reas
 
 def test_local_workers_match_the_memory_run_with_one_frame_per_worker(tmp_path, mq2008_dir):
     """The headline shape (an attacker hosted by the server, unlearning, calibration rounds) and
-    FOLtR-ES: a secure zmq run with 3 worker processes gives the memory run's metrics."""
+    FOLtR-ES (also with its authors' per-client streams, which live in the workers): a secure
+    zmq run with 3 worker processes gives the memory run's metrics."""
     path = write_scenario(
         tmp_path / "z.toml",
         mq2008_dir,
@@ -308,6 +309,8 @@ agents = [{ behaviour = "scaled_reversal", count = 1 }]
 timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
 [variants.es]
 federation = { protocol = "foltr_es" }
+[variants.es-authors-streams]
+federation = { protocol = "foltr_es", params = { streams = "authors" } }
 """,
     )
     out = tmp_path / "zmq"
