@@ -15,6 +15,10 @@ from foltr_async.simulation import Simulation
 from tests.test_foltr_es_reference import N_FEATURES, built, config
 
 
+def config_of(mq2008_dir, **federation):
+    return config(mq2008_dir, params={"streams": "authors"}, **federation)
+
+
 class Uniforms:
     """A stream handing out the given uniforms in order (counting how many were taken)."""
 
@@ -66,16 +70,12 @@ def test_the_noise_is_their_per_parameter_draw_in_our_layout(mq2008_dir):
     assert np.array_equal(es.authors_noise(seed, sigma, es.torch_layout(linear)), line)
 
 
-def config_of(mq2008_dir, **federation):
-    return config(mq2008_dir, params={"streams": "authors"}, **federation)
-
-
 def test_the_server_regenerates_the_authors_noise_from_the_seed(mq2008_dir):
     sigma = 0.01
     strategy = built(config_of(mq2008_dir)).proto.strategy
     reply = SimpleNamespace(body={"seed": 77, "metric": 0.5, "antithetic_metric": 0.25})
     e = np.random.RandomState(77).normal(0.0, sigma, N_FEATURES).astype(np.float32)
-    e = e.astype(np.float64)  # the float32 values, computed with in float64
+    e = e.astype(np.float64)  # the float32 values, in float64
     # 1 / (N sigma^2) * 1/2 (m+ - m-) e, one reply
     assert np.allclose(strategy.gradient([reply]), 0.5 * 0.25 * e / sigma**2, rtol=1e-12)
 
@@ -107,7 +107,8 @@ def test_authors_streams_learn_and_repeat_bit_for_bit(mq2008_dir):
     cfg = config_of(mq2008_dir, clients=50, rounds=60)
     cfg["clicks"]["model"] = "perfect"
     cfg["evaluation"]["every"] = 60
-    zero = built(cfg).ctx.evaluate(built(cfg).ctx.new_ranker())
+    ctx = built(cfg).ctx
+    zero = ctx.evaluate(ctx.new_ranker())
     models, results = [], []
     for _ in range(2):
         sim = Simulation(cfg, 5, Observer())
