@@ -174,6 +174,22 @@ def torch_layout(ranker: LinearRanker | MLPRanker) -> np.ndarray:
     return index
 
 
+def authors_layout(ctx: RunContext) -> np.ndarray | None:
+    """The run's ``torch_layout`` when its clients use the authors' streams (built once per
+    process: the server and the clients of one process share it), else None."""
+    if ctx.params.streams != "authors":
+        return None
+    return ctx.shared("foltr_es.torch_layout", lambda: torch_layout(ctx.new_ranker()))
+
+
+def noise(seed: int, size: int, sigma: float, layout: np.ndarray | None) -> np.ndarray:
+    """A seed's perturbation as client and server draw it: ``perturbation``, or with the
+    authors' streams (``layout``: ``authors_layout``) ``authors_noise``."""
+    if layout is None:
+        return perturbation(seed, size, sigma)
+    return authors_noise(seed, sigma, layout)
+
+
 def perturbations(seeds: list[int], size: int, sigma: float) -> list[np.ndarray]:
     """``perturbation`` of many seeds (memoised alike), equal vector for vector.
 
@@ -274,6 +290,8 @@ class ESClient(OnlineClient):
     trains = False  # it serves deterministic rankings; the server's evolution strategy learns
     #: the users' queries and clicks come from the client's generator (``AuthorsESClient``: not)
     stream: np.random.RandomState | None = None
+    #: its clients of a round may be served together (``AuthorsESClient``: each query in turn)
+    pooled = True
 
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
@@ -289,8 +307,11 @@ class ESClient(OnlineClient):
         #: the randomised response applies to every interaction (else once to each half's mean)
         self.per_interaction = p.metric == "maxrr" and p.privatise == "interaction"
         self.truth: list[float] = []  # this round's metrics before privatisation (oracle)
-        batched = isinstance(self.ranker, LinearRanker | MLPRanker) and isinstance(
-            self.users.click_model, CascadeModel
+        self.layout = authors_layout(ctx)
+        batched = (
+            self.pooled
+            and isinstance(self.ranker, LinearRanker | MLPRanker)
+            and isinstance(self.users.click_model, CascadeModel)
         )
         #: the run's pool serving every client of a round at once (None: one query at a time)
         self.pool = (
@@ -321,9 +342,6 @@ class ESClient(OnlineClient):
     def _draw_seed(self) -> int:
         return int(self.rng.integers(2**63 - 1))
 
-    def _noise(self, seed: int, size: int) -> np.ndarray:
-        return perturbation(seed, size, self.sigma)
-
     @handles(MODEL)
     async def on_model(self, env) -> None:
         theta = env.body["params"]
@@ -335,7 +353,7 @@ class ESClient(OnlineClient):
             job = ServeJob(self, theta, seed, self.batch - n_minus, n_minus)
             m_plus, m_minus = await self.pool.submit(job)
         else:
-            e = self._noise(seed, theta.size)
+            e = noise(seed, theta.size, self.sigma, self.layout)
             m_plus = self._serve(theta + e, self.batch - n_minus)
             m_minus = self._serve(theta - e, n_minus)
         if self.users.probe.oracle_read:
@@ -366,22 +384,19 @@ class AuthorsESClient(ESClient):
     on its own, in float64 with ties in document order (theirs: float32, reversed ``argsort``).
     """
 
+    pooled = False  # each query's draws depend on the clicks before it, in one stream
+
     def __init__(
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         # FOLtR-ES reads no per-client data: the users are a cascade model drawing queries
-        self.pool = None
         self.stream = np.random.RandomState(int(self.rng.integers(2**32)))
-        self.layout = ctx.shared("foltr_es.torch_layout", lambda: torch_layout(self.ranker))
 
     def _draw_seed(self) -> int:
         seed = int(self.stream.randint(0, 2**32))
         self.stream.seed(seed)
         return seed
-
-    def _noise(self, seed: int, size: int) -> np.ndarray:
-        return authors_noise(seed, self.sigma, self.layout)
 
 
 @dataclass(eq=False)
@@ -529,8 +544,7 @@ class ESStrategy(ModelStrategy):
     ) -> None:
         super().__init__(ctx)
         self.sigma, self.lr = ctx.params.sigma, ctx.params.lr
-        #: the authors' streams' noise layout (None: ``perturbation``'s)
-        self.layout = torch_layout(self.ranker) if ctx.params.streams == "authors" else None
+        self.layout = authors_layout(ctx)  # None: ``perturbation``'s noise
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.m = np.zeros_like(self.model)
         self.v = np.zeros_like(self.model)
@@ -540,10 +554,7 @@ class ESStrategy(ModelStrategy):
         g = np.zeros_like(self.model)
         for r in replies:
             b = r.body
-            if self.layout is None:
-                e = perturbation(b["seed"], g.size, self.sigma)
-            else:
-                e = authors_noise(b["seed"], self.sigma, self.layout)
+            e = noise(b["seed"], g.size, self.sigma, self.layout)
             m_minus = b["antithetic_metric"]
             g += (0.5 * (b["metric"] - m_minus) if m_minus is not None else b["metric"]) * e
         return g / (len(replies) * self.sigma**2)

@@ -90,7 +90,7 @@ def first_queries_follow_the_seed(mq2008_dir, streams: str) -> float:
     for _ in range(200):
         users.issued = []
         seed = client._draw_seed()
-        client._serve(theta + client._noise(seed, N_FEATURES), 2)
+        client._serve(theta + es.noise(seed, N_FEATURES, client.sigma, client.layout), 2)
         first = np.random.RandomState(seed % 2**32).randint(0, len(pool))  # ours: < 2**63
         hits += users.issued[0] == pool[first]
     return hits / 200
