@@ -287,10 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             fail(f"--only {args.only}: no run of the plan starts so")
     if args.plan:
+        width = max(len(run.name) for run in runs)
         for run in runs:
             done = finished(args.out / run.name)
             cmd = " ".join(run.command(args.out / run.name, args.jobs, args.set)[1:])
-            print(f"{run.name:34} {'done  ' if done else 'to run'}  python {cmd}")
+            print(f"{run.name:{width}}  {'done  ' if done else 'to run'}  python {cmd}")
         return 0
     try:  # the processes going at once share the cores (results never depend on it; the CPU
         # does: on 2 cores beside two other runs a 10-client round took 1.55 CPU ms with 2
