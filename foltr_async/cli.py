@@ -303,22 +303,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     from foltr_async.observe.log import configure_logging
     from foltr_async.scenario.load import load_scenario
 
-    scenario = load_scenario(args.scenario, args.sets, seed=args.seed)
-    if args.only:
-        unknown = [v for v in args.only if v not in scenario.variants]
-        if unknown:
-            raise FoltrError(
-                f"--only: unknown variant {unknown[0]!r}; variants: {', '.join(scenario.variants)}"
-            )
-        scenario = scenario.__class__(
-            scenario.path,
-            scenario.name,
-            scenario.seed,
-            scenario.repeats,
-            scenario.reference if scenario.reference in args.only else None,
-            {k: v for k, v in scenario.variants.items() if k in args.only},
-            scenario.folds,
-        )
+    scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
     if args.checkpoint_every < 0:
         raise FoltrError(
             f"--checkpoint-every: expected an integer >= 0, got {args.checkpoint_every}"
@@ -427,7 +412,12 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
             )
         keys = None if args.insecure else load_server_keys(args.keys)
         return ZmqServer(args.bind, keys=keys, limits=wire_limits(scenario), **common)
-    scenario_args = [str(args.scenario)] + [a for s in args.sets for a in ("--set", s)]
+    scenario_args = [str(args.scenario)] + [
+        a
+        for flag, values in (("--set", args.sets), ("--only", args.only))
+        for v in values
+        for a in (flag, v)
+    ]
     if args.seed is not None:
         scenario_args += ["--seed", str(args.seed)]
     workers = LocalWorkers(
@@ -736,6 +726,9 @@ def _cmd_join(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, help="as given to the server")
     _add_set(p, "as given to the server")
     p.add_argument(
+        "--only", action="append", default=[], metavar="VARIANT", help="as given to the server"
+    )
+    p.add_argument(
         "--heartbeat-timeout",
         type=float,
         default=10.0,
@@ -774,7 +767,7 @@ def _cmd_join(argv: list[str]) -> int:
             "--insecure for plaintext without authentication"
         )
     keys = None if args.insecure else load_worker_keys(args.keys, args.name)
-    scenario = load_scenario(args.scenario, args.sets, seed=args.seed)
+    scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
     configure_logging(events_path=None, json_logs=args.json_logs, console=False)
     run_loop(
         join(

@@ -119,3 +119,19 @@ def test_every_shipped_scenario_validates():
     for f in files:
         sc = load_scenario(f)
         assert sc.variants and sc.name
+
+
+def test_only_validates_just_the_named_variants():
+    """A protocol parameter set for the FOLtR-ES variants of a mixed file: refused for the
+    whole file (the FPDGD variants do not know it), accepted with --only naming FOLtR-ES ones."""
+    path = ROOT / "scenarios" / "fpdgd_vs_foltres.toml"
+    sets = ["federation.params.streams=authors"]
+    with pytest.raises(ScenarioError, match="streams"):
+        load_scenario(path, sets)
+    sc = load_scenario(path, sets, only=["FOLtR-ES-p1.0", "FOLtR-ES-p0.5"])
+    assert list(sc.variants) == ["FOLtR-ES-p0.5", "FOLtR-ES-p1.0"]  # the file's order
+    assert {v["federation"]["params"]["streams"] for v in sc.variants.values()} == {"authors"}
+    assert sc.reference is None  # the file's reference (FPDGD) is not among them
+    assert load_scenario(path, only=["FPDGD"]).reference == "FPDGD"
+    with pytest.raises(ScenarioError, match=r"unknown variant 'FOLtR-ES-p1'.*did you mean"):
+        load_scenario(path, only=["FOLtR-ES-p1"])

@@ -193,10 +193,15 @@ def label(path: Path, variant: str, named: bool) -> str:
     return f"{path} [variant {key_text(variant)}]" if named else str(path)
 
 
-def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None = None) -> Scenario:
-    """The scenario file, every variant validated. Reading a file is where a program (the CLI,
-    a worker, a notebook) starts, so the protocols and plugins are loaded here, before
-    ``validate`` looks their names up (``validate`` itself never loads anything)."""
+def load_scenario(
+    path: str | Path, overrides: list[str] = (), seed: int | None = None, only: list[str] = ()
+) -> Scenario:
+    """The scenario file, every variant validated (``only``: just those variants, so an
+    override one of the others refuses, e.g. a FOLtR-ES parameter beside FPDGD variants, can
+    still be given to the ones it fits; the reference stays only if among them). Reading a
+    file is where a program (the CLI, a worker, a notebook) starts, so the protocols and
+    plugins are loaded here, before ``validate`` looks their names up (``validate`` itself
+    never loads anything)."""
     from foltr_async.plugins import load_plugins
 
     load_plugins()
@@ -230,6 +235,14 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
     if seed is not None:
         sets.append((["scenario", "seed"], seed))
     names = list(variants_raw) or ["default"]
+    if only:
+        unknown = [v for v in only if v not in names]
+        if unknown:
+            raise ScenarioError(
+                f"--only: unknown variant {unknown[0]!r}{suggest(unknown[0], names)}; "
+                f"variants: {', '.join(names)}"
+            )
+        names = [n for n in names if n in only]
     resolved: dict[str, dict[str, Any]] = {}
     for name in names:
         merged = copy.deepcopy(raw)
@@ -249,6 +262,8 @@ def load_scenario(path: str | Path, overrides: list[str] = (), seed: int | None 
         resolved[name] = validate(merged, where_v, default_name=path.stem)
     first = _scenario_wide(resolved, where)
     reference = first["reference"]
+    if only and reference not in only:
+        reference = None
     if reference is not None and reference not in resolved:
         raise ScenarioError(
             f"{where}: scenario.reference: {reference!r} is not a variant"
