@@ -126,7 +126,7 @@ def test_only_validates_just_the_named_variants():
     whole file (the FPDGD variants do not know it), accepted with --only naming FOLtR-ES ones."""
     path = ROOT / "scenarios" / "fpdgd_vs_foltres.toml"
     sets = ["federation.params.streams=authors"]
-    with pytest.raises(ScenarioError, match="streams"):
+    with pytest.raises(ScenarioError, match=r"FPDGD\]: federation.params.streams: .*--only"):
         load_scenario(path, sets)
     sc = load_scenario(path, sets, only=["FOLtR-ES-p1.0", "FOLtR-ES-p0.5"])
     assert list(sc.variants) == ["FOLtR-ES-p0.5", "FOLtR-ES-p1.0"]  # the file's order

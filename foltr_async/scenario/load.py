@@ -259,7 +259,15 @@ def load_scenario(
             _set_path(merged, keys)[keys[-1]] = value
         _beside(merged, path.parent)
         where_v = label(path, name, bool(variants_raw))
-        resolved[name] = validate(merged, where_v, default_name=path.stem)
+        try:
+            resolved[name] = validate(merged, where_v, default_name=path.stem)
+        except ScenarioError as e:
+            given = {".".join(keys) for keys, _ in parsed}
+            if len(names) > 1 and any(f"{where_v}: {key}:" in str(e) for key in given):
+                raise ScenarioError(
+                    f"{e} (--set applies to every variant run; --only VARIANT picks those it fits)"
+                ) from None
+            raise
     first = _scenario_wide(resolved, where)
     reference = first["reference"]
     if only and reference not in only:
