@@ -412,12 +412,9 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
             )
         keys = None if args.insecure else load_server_keys(args.keys)
         return ZmqServer(args.bind, keys=keys, limits=wire_limits(scenario), **common)
-    scenario_args = [str(args.scenario)] + [
-        a
-        for flag, values in (("--set", args.sets), ("--only", args.only))
-        for v in values
-        for a in (flag, v)
-    ]
+    scenario_args = [str(args.scenario)]
+    for flag, values in (("--set", args.sets), ("--only", args.only)):
+        scenario_args += [a for v in values for a in (flag, v)]
     if args.seed is not None:
         scenario_args += ["--seed", str(args.seed)]
     workers = LocalWorkers(
