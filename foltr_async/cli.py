@@ -43,6 +43,7 @@ COMMANDS = (
     "join",
     "keys",
     "merge",
+    "claims",
 )
 
 
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 "join": _cmd_join,
                 "keys": _cmd_keys,
                 "merge": _cmd_merge,
+                "claims": _cmd_claims,
             }[cmd](rest)
         return _cmd_run(argv)
     except FoltrError as e:
@@ -560,6 +562,12 @@ def _cmd_merge(argv: list[str]) -> int:
         f"{'' if res['complete'] else '; not complete: some planned repeats are in no part'}"
     )
     return 0
+
+
+def _cmd_claims(argv: list[str]) -> int:
+    from foltr_async.reproduction.command import main as claims
+
+    return claims(argv)
 
 
 def _cmd_list(argv: list[str]) -> int:
