@@ -157,6 +157,25 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
     assert len((out / "runs.jsonl").read_text().splitlines()) == 3  # nothing ran again
     assert "## tiny-navigational" in (out / "REPORT.md").read_text()  # the whole plan's report
 
+    # a finished run's record of results, for the claims (a dry pass with --set is refused)
+    rec = tool(
+        "--plan-file",
+        "plan.toml",
+        "--out",
+        "out",
+        "--only",
+        "tiny-p",
+        "--record",
+        "rec",
+        cwd=tmp_path,
+    )
+    assert rec.returncode == 0, rec.stdout + rec.stderr
+    record = json.loads((tmp_path / "rec" / "tiny-perfect.json").read_text())
+    assert record["run"] == "tiny-perfect" and record["cost"]["cpu_s"] > 0
+    assert len(record["variants"]["dp"]) == 2 and record["settings"]["clicks"]["model"] == "perfect"
+    dry = tool("--plan-file", "plan.toml", "--record", "--set", "federation.rounds=2", cwd=tmp_path)
+    assert dry.returncode == 2 and "not with --set" in dry.stderr
+
 
 def test_runs_at_once_go_longest_first_by_the_recorded_cpu_and_each_keeps_its_own_cpu(tmp_path):
     (tmp_path / "tiny.toml").write_text(TINY)

@@ -24,7 +24,10 @@ processes going at once (``FOLTR_ASYNC_THREADS`` when set wins), so parallel run
 start threads for every core. ``OUT/runs.jsonl`` records every run's wall time, CPU
 time (the run's process tree), exit code and the load average around it; ``OUT/REPORT.md``
 holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
-A failed run does not stop the others; the exit code is 1 when any failed, 2 on a bad plan or
+``--record`` writes each finished run's record of results to ``reproduce/records/NAME.json``
+(``foltr_async.reproduction.records``), which ``python -m foltr_async claims`` computes the
+claims' verdicts from; a dry pass with ``--set`` is not recorded. A failed run does not stop the
+others; the exit code is 1 when any failed, 2 on a bad plan or
 argument.
 """
 
@@ -47,9 +50,11 @@ from foltr_async.errors import FoltrError  # noqa: E402
 from foltr_async.ltr import threads  # noqa: E402
 from foltr_async.observe.results import load_results  # noqa: E402
 from foltr_async.provenance import check_same_code  # noqa: E402
+from foltr_async.reproduction.records import make_record, write_record  # noqa: E402
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
+RECORDS = TOOLS.parent / "reproduce" / "records"
 TABLE = TOOLS / "repro_table.py"
 
 
@@ -263,6 +268,22 @@ def write_report(out: Path, runs: list[Run]) -> Path:
     return path
 
 
+def record(run: Run, out: Path, folder: Path) -> None:
+    """The run's record of results (reproduce/records/NAME.json), its cost from ``runs.jsonl``."""
+    cost = last_records(out).get(run.name, {})
+    try:
+        rec = make_record(
+            load_results(out / run.name),
+            run.name,
+            f"python tools/reproduce_all.py --jobs 2 --only {run.name} --record",
+            cost={k: cost[k] for k in ("wall_s", "cpu_s", "threads") if k in cost},
+        )
+    except FoltrError as e:
+        print(f"  not recorded: {e}", flush=True)
+        return
+    print(f"  recorded: {write_record(rec, folder)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan-file", type=Path, default=TOOLS / "reproduce_plan.toml")
@@ -278,9 +299,19 @@ def main(argv: list[str] | None = None) -> int:
         help="an override for every run, e.g. federation.rounds=20 for a dry pass",
     )
     ap.add_argument("--plan", action="store_true", help="print the runs and stop")
+    ap.add_argument(
+        "--record",
+        type=Path,
+        nargs="?",
+        const=RECORDS,
+        metavar="FOLDER",
+        help=f"write each finished run's record of results (default folder {RECORDS})",
+    )
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.runs < 1:
         ap.error("--jobs and --runs must be at least 1")
+    if args.record and args.set:
+        ap.error("--record keeps results of record: not with --set, which departs from the plan")
     plan = runs = load_plan(args.plan_file)
     if args.only:
         runs = [r for r in plan if any(r.name.startswith(o) for o in args.only)]
@@ -311,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             folder, head = args.out / run.name, heads[run.name]
             if finished(folder):
                 print(f"{head}: done before, skipped", flush=True)
+                if args.record:
+                    record(run, args.out, args.record)
                 continue
             if folder.exists():
                 print(f"{head}: an unfinished folder kept as {set_aside(folder).name}", flush=True)
@@ -328,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{heads[done.run.name]}: {status}, wall {rec['wall_s']} s, CPU {rec['cpu_s']} s",
             flush=True,
         )
+        if args.record and finished(args.out / done.run.name):
+            record(done.run, args.out, args.record)
     report = write_report(args.out, plan)  # every finished run of the plan, not only these
     print(f"report: {report}")
     if failed:

@@ -33,8 +33,9 @@ def _repeat(rep: dict) -> dict:
     }
 
 
-def make_record(results: dict, name: str, command: str) -> dict:
-    """The record of a complete results.json made by this checkout's code."""
+def make_record(results: dict, name: str, command: str, cost: dict | None = None) -> dict:
+    """The record of a complete results.json made by this checkout's code; ``cost``: the
+    run's ``wall_s``, ``cpu_s`` and kernel ``threads`` where the runner measured them."""
     if not results.get("complete"):
         raise FoltrError(f"record {name}: the run is not complete; finish it (--resume) first")
     check_same_code(results, name, "record")
@@ -43,6 +44,7 @@ def make_record(results: dict, name: str, command: str) -> dict:
     return {
         "run": name,
         "command": command,
+        "cost": cost or {},
         "scenario": results.get("scenario"),
         "reference": reference,
         "settings": config.get(reference) or next(iter(config.values()), {}),

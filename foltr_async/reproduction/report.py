@@ -243,9 +243,11 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
 
 
 def _compute(record: dict) -> str:
-    total = sum(float(r.get("wall_s") or 0) for reps in record["variants"].values() for r in reps)
     n = sum(len(reps) for reps in record["variants"].values())
-    return f"{n} repeats, {total / 60:.0f} min of repeat wall time" if total else f"{n} repeats"
+    cost = record.get("cost") or {}
+    if "cpu_s" in cost:
+        return f"{n} repeats, {cost['cpu_s'] / 3600:.1f} CPU h ({cost['wall_s'] / 60:.0f} min wall)"
+    return f"{n} repeats"
 
 
 _SECTION = re.compile(r'^<a id="([^"]+)"></a>$', re.M)
