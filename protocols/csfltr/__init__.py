@@ -73,7 +73,7 @@ per term and the bytes per term; NAIVE (``csfltr.naive_query``: every document's
 term, each document with its own noise, then the querier's median and top-K) is run on
 ``probe_terms`` terms per (querier, owner) pair for the same numbers, so the speed-up, byte
 ratio and memory compare like with like. The big measurement (>= 10,000 documents per party) is
-a documented command in the README.
+a documented command in docs/PERFORMANCE.md (`bench --suite csfltr`).
 
 Layout: ``messages`` (kinds and schemas), ``corpus`` (the text and each party's sketches,
 candidates, test set), ``primitives`` (ListNet, evaluation, both halves of a reverse top-K),
