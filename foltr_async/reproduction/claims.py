@@ -183,13 +183,9 @@ def check_quotes(claims: ClaimSet, seeds: Path) -> list[str]:
             continue
         # a line-broken hyphenation ("signifi-\ncantly") joins as the reader reads it
         window = _words(re.sub(r"-\n(?=[a-z])", "", "\n".join(lines[first - 1 : last])))
-        flat = window.replace("- ", "-")
-        parts = [_words(p) for p in c.finding.split("...") if p.strip()]
         pos = 0
-        for part in parts:
+        for part in (_words(p) for p in c.finding.split("...") if p.strip()):
             at = window.find(part, pos)
-            if at < 0:
-                at = flat.find(part, pos)
             if at < 0:
                 problems.append(
                     f"{claims.path}:{c.line}: {c.id}: the finding is not at lines "
