@@ -226,3 +226,16 @@ def test_the_shipped_report_is_what_the_committed_records_give():
         timeout=600,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_a_learning_claim_reads_one_arm_against_its_own_early_round(tmp_path):
+    folder = tmp_path / "records"
+    write_record(make_record(results({"plain": [0.6] * 5}), "run-a", "cmd"), folder)
+    learns = CLAIM.replace('expect = "less"', 'expect = "greater"').replace(
+        '{ arm = "dp", against = "plain" }',
+        '{ arm = "plain", against = "plain", against_round = 2 }',
+    )
+    [e] = evaluate(load_claims(write(tmp_path, STUDY + learns)), load_records(folder))
+    # each repeat ends 0.01 above its round-2 evaluation: no spread, so no test (direction only)
+    assert e.outcomes[0].diff == pytest.approx(0.01) and e.verdict == V.DIRECTION
+    assert "plain vs plain at round 2" in render([e], load_records(folder))

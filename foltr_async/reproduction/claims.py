@@ -38,7 +38,10 @@ class Source:
 @parameters
 class Comparison:
     arm: str = param(help="the variant the finding is about")
-    against: str = param(help="the variant it is compared with")
+    against: str = param(help="the variant it is compared with (the arm itself for learning)")
+    against_round: int | None = param(
+        None, help="read the against side at this round instead of the claim's (0: the last)", min=0
+    )
 
 
 @parameters

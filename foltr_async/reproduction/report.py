@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from foltr_async.reproduction.claims import ONLINE, Claim, ClaimSet
+from foltr_async.reproduction.claims import ONLINE, Claim, ClaimSet, Comparison
 from foltr_async.reproduction.records import Record
 from foltr_async.reproduction.verdict import (
     NOT_COMPARABLE,
@@ -35,27 +35,33 @@ class Evaluated:
     problems: tuple[str, ...]  #: a record that cannot answer what the claim asks
 
 
-def _value(rep: dict, claim: Claim) -> float | None:
-    if claim.metric == ONLINE:
-        if claim.round == 0:
+def _value(rep: dict, metric: str, at: int) -> float | None:
+    """``metric`` of one repeat at round ``at`` (0: its last evaluation), None if not recorded."""
+    if metric == ONLINE:
+        if at == 0:
             return rep.get("online")
         series = rep.get("online_at") or []
     else:
-        series = (rep.get("offline") or {}).get(claim.metric)
+        series = (rep.get("offline") or {}).get(metric)
         if series is None:
             return None
-        if claim.round == 0:
+        if at == 0:
             return series[-1] if series else None
     rounds = rep.get("rounds") or []
-    if claim.round in rounds and rounds.index(claim.round) < len(series):
-        return series[rounds.index(claim.round)]
+    if at in rounds and rounds.index(at) < len(series):
+        return series[rounds.index(at)]
     return None
 
 
-def _pairs(record: Record, claim: Claim, arm: str, against: str) -> tuple[list, list, str]:
+def _at(at: int) -> str:
+    return "the last evaluation" if at == 0 else f"round {at}"
+
+
+def _pairs(record: Record, claim: Claim, c: Comparison) -> tuple[list, list, str]:
     """Paired values by (fold, seed), and what is wrong if the record cannot give them."""
-    ra, rb = record.repeats(arm), record.repeats(against)
-    for name, reps in ((arm, ra), (against, rb)):
+    ra, rb = record.repeats(c.arm), record.repeats(c.against)
+    rounds = (claim.round, claim.round if c.against_round is None else c.against_round)
+    for name, reps in ((c.arm, ra), (c.against, rb)):
         if reps is None:
             return [], [], f"record {record.name} has no variant {name!r}"
     by = {(r["fold"], r["seed"]): r for r in rb}
@@ -64,10 +70,10 @@ def _pairs(record: Record, claim: Claim, arm: str, against: str) -> tuple[list, 
         other = by.get((r["fold"], r["seed"]))
         if other is None:
             continue
-        va, vb = _value(r, claim), _value(other, claim)
+        va, vb = _value(r, claim.metric, rounds[0]), _value(other, claim.metric, rounds[1])
         if va is None or vb is None:
             what = "the online metric" if claim.metric == ONLINE else claim.metric
-            at = "the last evaluation" if claim.round == 0 else f"round {claim.round}"
+            at = _at(rounds[0] if va is None else rounds[1])
             return [], [], f"record {record.name}: {what} at {at} not recorded"
         a.append(float(va))
         b.append(float(vb))
@@ -85,7 +91,7 @@ def evaluate_claim(claim: Claim, records: dict[str, Record]) -> Evaluated:
         if run not in records:
             continue
         for c in claim.comparisons:
-            a, b, problem = _pairs(records[run], claim, c.arm, c.against)
+            a, b, problem = _pairs(records[run], claim, c)
             if problem:
                 problems.append(problem)
                 continue
@@ -177,7 +183,7 @@ def render(evaluated: list[Evaluated], records: dict[str, Record]) -> str:
 def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     c = e.claim
     metric = "online discounted nDCG@10" if c.metric == ONLINE else f"offline {c.metric}"
-    at = "the last evaluation" if c.round == 0 else f"round {c.round}"
+    at = _at(c.round)
     sig = {
         True: "reported significant",
         False: "reported not significant",
@@ -193,7 +199,11 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     ]
     if c.not_comparable:
         return [*out, f"**Verdict: {NOT_COMPARABLE}.** {c.not_comparable}"]
-    comps = "; ".join(f"{x.arm} vs {x.against}" for x in c.comparisons)
+    comps = "; ".join(
+        f"{x.arm} vs {x.against}"
+        + ("" if x.against_round is None else f" at {_at(x.against_round)}")
+        for x in c.comparisons
+    )
     out += [
         f"**Setup.** {metric} at {at}, {comps}; expected {c.expect} ({sig}"
         + (
