@@ -31,7 +31,7 @@ from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.ltr import threads
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
-from foltr_async.observe.results import ResultsWriter, load_results, measured_nothing
+from foltr_async.observe.results import ResultsWriter, final_value, load_results
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
 from foltr_async.provenance import check_same_code, code_stamp
@@ -188,8 +188,6 @@ def _check_layout(path: Path, data: dict) -> None:
             raise CheckpointError(f"{path}: {key}: not what this version writes there")
 
 
-#: Evaluations a trained model's level is averaged over: one evaluation is a noisy snapshot.
-STABLE_LAST = 3
 ALPHA = 0.05
 
 
@@ -216,10 +214,10 @@ def conclusions(results: dict) -> list[str]:
 
     A claim needs a test: with fewer than two paired seeds a difference is reported as a number
     and nothing more; "significant" uses the Holm-adjusted p of the scenario's comparisons.
-    Unlearning compares the unlearned model (its final evaluation: the calibrated model) with
-    the stable level of the others (mean of their last STABLE_LAST training evaluations), and
-    says what share of the gap it closed only when both the gap and the recovery are significant
-    (the recovery's p Holm-adjusted over the scenario's unlearned variants).
+    Every level is a variant's final value, the table's (``final_value``: the unlearned model's
+    is the calibrated one). Unlearning says what share of the gap it closed only when both the
+    gap and the recovery are significant (the recovery's p Holm-adjusted over the scenario's
+    unlearned variants).
     """
     variants = results.get("variants", {})
     idle = results.get("nothing_learned") or {}
@@ -307,18 +305,15 @@ def _runs(n: int, folds: int) -> str:
 
 def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
     """Levels and paired tests of one unlearned variant (``recovery``: vs the attacked one)."""
-    variants, config = results["variants"], results.get("config") or {}
-    unlearned = _per_seed(variants[name], None)
-    attacked = _per_seed(variants[before], _training_rounds(config, before))
-    clean = _per_seed(variants[ref], _training_rounds(config, ref))
+    variants = results["variants"]
+    unlearned, attacked, clean = (_per_seed(variants[v]) for v in (name, before, ref))
     seeds = sorted(set(unlearned) & set(attacked) & set(clean))
     u, a, c = (np.array([d[s] for s in seeds]) for d in (unlearned, attacked, clean))
     out = {"name": name, "before": before, "ref": ref, "n": len(seeds), "recovery": (None, None)}
     if seeds:
         out["levels"] = (
             f"{name} {u.mean():.4f} vs {before} {a.mean():.4f} and {ref} {c.mean():.4f} "
-            f"(final calibrated model vs mean of the last {STABLE_LAST} training evaluations, "
-            f"n = {len(seeds)})"
+            f"(final values; {name}'s is the calibrated model; n = {len(seeds)})"
         )
     if len(seeds) >= 2:
         out |= {
@@ -390,26 +385,10 @@ def _p(p: float | None) -> str:
     return "n/a" if p is None else f"{p:.3g}"
 
 
-def _training_rounds(config: dict, name: str) -> int | None:
-    return ((config.get(name) or {}).get("federation") or {}).get("rounds")
-
-
-def _per_seed(variant: dict, last_round: int | None) -> dict[int, float]:
-    """Per seed: the final evaluation (``last_round`` None) or the mean of the last STABLE_LAST
-    evaluations up to ``last_round``."""
-    out = {}
-    for rep in variant["repeats"]:
-        curve = [] if measured_nothing(rep) else (rep.get("offline") or {}).get(METRIC) or []
-        values = [
-            v
-            for r, v in zip(rep.get("rounds") or [], curve, strict=True)
-            if v is not None and (last_round is None or r <= last_round)
-        ]
-        if values:
-            out[rep["seed"]] = (
-                values[-1] if last_round is None else float(np.mean(values[-STABLE_LAST:]))
-            )
-    return out
+def _per_seed(variant: dict) -> dict[int, float]:
+    """Per seed: the repeat's final value (``final_value``, the table's), where it has one."""
+    finals = {rep["seed"]: final_value(rep, METRIC) for rep in variant["repeats"]}
+    return {seed: v for seed, v in finals.items() if v is not None}
 
 
 def check_scenario(scenario: Scenario) -> None:
