@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from foltr_async.errors import FoltrError
+from foltr_async.ltr.metrics import ONLINE_GAMMA
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves
@@ -354,9 +355,13 @@ def render_summary_md(results: dict) -> str:
             "Holm (and Bonferroni, the published studies' correction) = p adjusted over all the "
             "comparisons with the reference."
         )
+    online_key = f"{metric}_discounted"
+    lines.append(
+        f"Online discounted {label} = sum over the rankings shown to users, in order, of "
+        f"{ONLINE_GAMMA}^t x their {label}, mean ± sample std; n/a: no user was shown a ranking."
+    )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
-    online_key = f"{metric}_discounted"
     lines += [
         "",
         f"| variant | final {label} | Δ vs reference (p) | online discounted {label} "
@@ -381,7 +386,10 @@ def render_summary_md(results: dict) -> str:
             delta = f"{c['diff_mean']:+.4f} (p={p}, n={c['n']})"
         else:
             delta = "–"
-        online = _mean_std((s.get("online") or {}).get(online_key), ".4g", ".2g", n=False)
+        online_s = (s.get("online") or {}).get(online_key)
+        online = _mean_std(online_s, ".4g", ".2g", n=False)
+        if online_s is not None and not online_s["n"]:  # every repeat: no online users
+            online = "n/a"
         m = s.get("messages") or {}
         sent, dropped = (m.get("sent") or {}).get("mean"), (m.get("dropped") or {}).get("mean")
         msgs = f"{_num(sent, ',.0f')} / {_num(dropped, ',.0f')}"

@@ -28,6 +28,7 @@ from typing import Any
 
 from foltr_async.errors import FoltrError
 from foltr_async.observe.observer import Observer
+from foltr_async.observe.results import final_value
 
 _BAD = re.compile(r"[^\w.\- :/]")
 
@@ -73,9 +74,10 @@ def series(result: dict, per_round: bool = True) -> Iterator[tuple[str, float, i
         times = result.get("sim_times") or []
         for i, (r, t) in enumerate(zip(result.get("rounds") or [], times, strict=False)):
             yield from round_series(r, {m: vs[i] for m, vs in offline.items() if i < len(vs)}, t)
-    for metric, values in offline.items():
-        if values and values[-1] is not None:
-            yield f"final/{metric}", float(values[-1]), 0
+    for metric in offline:
+        final = final_value(result, metric)  # the table's definition
+        if final is not None:
+            yield f"final/{metric}", float(final), 0
     privacy = result.get("privacy") or {}
     curve = privacy.get("curve") or {}
     for key, values in curve.items():

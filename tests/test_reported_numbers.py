@@ -1,0 +1,51 @@
+"""Each reported number has one definition, and a number a run did not measure is not 0."""
+
+import json
+
+from foltr_async.contract import Probe
+from foltr_async.observe.results import ResultsWriter
+
+
+def _repeat(seed: int, online: float | None, final: float) -> dict:
+    return {
+        "seed": seed,
+        "rounds": [1, 2],
+        "offline": {"ndcg@10": [final / 2, final]},
+        "online": {"ndcg@10_discounted": online, "interactions": 0 if online is None else 9},
+    }
+
+
+def test_a_run_that_showed_no_user_a_ranking_has_no_online_metric():
+    probe = Probe()
+    online, at = probe.online([1, 2])
+    assert online == {"ndcg@10_discounted": None, "interactions": 0} and at == [None, None]
+    probe.displayed(0.5, "client-0000", 1)
+    online, at = probe.online([1, 2])
+    assert online == {"ndcg@10_discounted": 0.5, "interactions": 1} and at == [0.5, 0.5]
+
+
+def test_summary_and_results_say_n_a_for_variants_without_online_users(tmp_path):
+    writer = ResultsWriter(tmp_path, scenario="cross-silo", seed=1, config={}, reference="local")
+    writer.run_started({"variants": ["local", "csfltr"], "repeats": 2})
+    for r in range(2):
+        writer.repeat_done("local", r, _repeat(1 + r, None, 0.5))
+        writer.repeat_done("csfltr", r, _repeat(1 + r, None, 0.6))
+    writer.run_done({})
+    res = json.loads((tmp_path / "results.json").read_text())
+    online = res["variants"]["csfltr"]["summary"]["online"]["ndcg@10_discounted"]
+    assert online == {"mean": None, "std": None, "n": 0}
+    assert res["variants"]["csfltr"]["repeats"][0]["online"]["ndcg@10_discounted"] is None
+    row = next(
+        ln for ln in (tmp_path / "summary.md").read_text().splitlines() if "| csfltr |" in ln
+    )
+    assert row.split(" | ")[3] == "n/a"
+
+
+def test_trackers_log_the_tables_final_value():
+    """A repeat that measured nothing has no final nDCG in the table, nor in MLflow or
+    TensorBoard (its 0 is no result); MaxRR, which follows clicks, still has one."""
+    from foltr_async.observe.tracking import series
+
+    rep = {"rounds": [1], "offline": {"ndcg@10": [0.0], "maxrr@10": [0.3]}, "judged_queries": 0}
+    finals = {k: v for k, v, _ in series(rep, per_round=False) if k.startswith("final/")}
+    assert finals == {"final/maxrr@10": 0.3}
