@@ -256,12 +256,20 @@ def conclusions(results: dict) -> list[str]:
         reports = [r.get("privacy") or {} for r in v.get("repeats", [])]
         if reports and all(p.get("run") for p in reports):
             lines.append(_privacy_sentence(name, reports))
-    for key, where in (
-        ("equal_time", "simulated time {:.0f} s"),
-        ("equal_interactions", "{:,.0f} user interactions"),
+    for key, axis, where, span in (
+        ("equal_time", "simulated time", "simulated time {:.0f} s", "{:.0f}-{:.0f} s"),
+        ("equal_interactions", "user interactions", "{:,.0f} user interactions", "{:,.0f}-{:,.0f}"),
     ):
         same = results.get(key)
-        if same:
+        if same and same.get("at") is None:
+            spans = ", ".join(
+                f"{name} {span.format(*lo_hi)}" for name, lo_hi in same["measured"].items()
+            )
+            lines.append(
+                f"{METRIC} at equal {axis}: no point at which every repeat of every variant was "
+                f"measured, so no comparison (measured in: {spans})."
+            )
+        elif same:
             at = ", ".join(
                 f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"]
             )

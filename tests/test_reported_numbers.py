@@ -49,3 +49,53 @@ def test_trackers_log_the_tables_final_value():
     rep = {"rounds": [1], "offline": {"ndcg@10": [0.0], "maxrr@10": [0.3]}, "judged_queries": 0}
     finals = {k: v for k, v, _ in series(rep, per_round=False) if k.startswith("final/")}
     assert finals == {"final/maxrr@10": 0.3}
+
+
+def _timed(interactions: dict[str, list[list[int]]]) -> dict:
+    return {
+        name: [
+            {
+                "seed": seed,
+                "rounds": list(range(1, len(xs) + 1)),
+                "interactions": xs,
+                "offline": {"ndcg@10": [0.1 * (i + 1) for i in range(len(xs))]},
+            }
+            for seed, xs in enumerate(per_repeat, start=1)
+        ]
+        for name, per_repeat in interactions.items()
+    }
+
+
+def _equal_sentences(variants: dict, same: dict) -> list[str]:
+    from foltr_async.experiment import conclusions
+    from foltr_async.observe.results import summarise_variant
+
+    summaries = {
+        n: {"repeats": r, "summary": summarise_variant(r, "ndcg@10")} for n, r in variants.items()
+    }
+    lines = conclusions({"variants": summaries, "equal_interactions": same})
+    return [s for s in lines if "at equal" in s]
+
+
+def test_equal_interactions_compare_only_where_every_repeat_was_measured():
+    from foltr_async.observe.timecurve import at_common
+
+    # a short run: sync ends at 648 and 616 interactions; one async repeat's first evaluation
+    # is at 564, the other's at 856: at 616 the async variant is measured in one repeat of two
+    short = _timed({"sync": [[64, 324, 648], [68, 316, 616]], "async": [[856, 1680], [564, 960]]})
+    same = at_common(short, "ndcg@10", "interactions")
+    assert same["at"] is None and same["variants"] == {}
+    assert same["measured"] == {"sync": [68, 616], "async": [856, 960]}
+    assert _equal_sentences(short, same) == [
+        "ndcg@10 at equal user interactions: no point at which every repeat of every variant was "
+        "measured, so no comparison (measured in: sync 68-616, async 856-960)."
+    ]
+    # longer: every repeat of both measured by 1,200 interactions, the last all reached
+    long = _timed(
+        {"sync": [[400, 800, 1300], [300, 700, 1200]], "async": [[856, 1680], [564, 960]]}
+    )
+    same = at_common(long, "ndcg@10", "interactions")
+    assert same["at"] == 960
+    assert {name: s["n"] for name, s in same["variants"].items()} == {"sync": 2, "async": 2}
+    (line,) = _equal_sentences(long, same)
+    assert line == "ndcg@10 at equal 960 user interactions: sync 0.2000, async 0.1500."
