@@ -232,17 +232,11 @@ def conclusions(results: dict) -> list[str]:
         f"held-out query has a relevant document, so {METRIC} is undefined (its 0 is no result)."
         for name, n in (results.get("nothing_measured") or {}).items()
     ]
-    finals = {
-        name: final["mean"]
-        for name, v in variants.items()
-        for final in [v.get("summary", {}).get("final", {}).get(METRIC) or {}]
-        if final.get("mean") is not None and name not in idle
-    }
+    finals = _finals(variants, METRIC, idle)
     folds = _folds(results)
     if not finals:
         return lines
-    best = max(finals, key=finals.get)
-    lines.append(f"Highest final {METRIC}: {best} ({finals[best]:.4f}).")
+    lines.append(_highest(finals, METRIC))
     ref = results.get("reference")
     unlearned = [
         _unlearning(results, name, before, ref)
@@ -274,7 +268,34 @@ def conclusions(results: dict) -> list[str]:
                 f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"]
             )
             lines.append(f"{METRIC} at equal {where.format(same['at'])}: {at}.")
-    for comp in results.get("comparisons", []):
+    lines += _comparison_lines(results.get("comparisons", []), folds)
+    for metric, comps in (results.get("comparisons_by_metric") or {}).items():
+        finals = _finals(variants, metric, idle)
+        if finals:
+            lines.append(_highest(finals, f"{metric} (the paper's metric)"))
+        lines += _comparison_lines(comps, folds)
+    return lines
+
+
+def _finals(variants: dict, metric: str, idle: dict) -> dict[str, float]:
+    """Each variant's mean final ``metric`` (the table's), but for those that learned nothing."""
+    return {
+        name: final["mean"]
+        for name, v in variants.items()
+        for final in [v.get("summary", {}).get("final", {}).get(metric) or {}]
+        if final.get("mean") is not None and name not in idle
+    }
+
+
+def _highest(finals: dict[str, float], what: str) -> str:
+    best = max(finals, key=finals.get)
+    return f"Highest final {what}: {best} ({finals[best]:.4f})."
+
+
+def _comparison_lines(comps: list[dict], folds: int) -> list[str]:
+    """One sentence per comparison with the reference, significance judged by its Holm p."""
+    lines = []
+    for comp in comps:
         if comp.get("diff_mean") is None:
             continue
         p, holm_p = comp.get("p_value"), comp.get("p_holm", comp.get("p_value"))
@@ -286,8 +307,9 @@ def conclusions(results: dict) -> list[str]:
                 f"paired t-test over {_runs(comp['n'], folds)}: {sig}, p={p:.3g}, "
                 f"Holm p={holm_p:.3g}"
             )
+        metric = comp.get("metric", METRIC)
         lines.append(
-            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {METRIC} ({test})."
+            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {metric} ({test})."
         )
     return lines
 

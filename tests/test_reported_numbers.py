@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from foltr_async.contract import Probe
 from foltr_async.observe.results import ResultsWriter
 
@@ -99,3 +101,33 @@ def test_equal_interactions_compare_only_where_every_repeat_was_measured():
     assert {name: s["n"] for name, s in same["variants"].items()} == {"sync": 2, "async": 2}
     (line,) = _equal_sentences(long, same)
     assert line == "ndcg@10 at equal 960 user interactions: sync 0.2000, async 0.1500."
+
+
+def test_a_papers_own_metric_is_in_the_table_the_tests_the_conclusions_and_a_figure(tmp_path):
+    """FedIPS's paper reports nDCG@5: a run that measures it states it beside nDCG@10."""
+    from foltr_async.experiment import conclusions
+
+    writer = ResultsWriter(
+        tmp_path,
+        scenario="fedips",
+        seed=1,
+        config={},
+        reference="FedIPS",
+        conclusions=conclusions,
+    )
+    writer.run_started({"variants": ["FedIPS", "FedAvg"], "repeats": 3})
+    for r in range(3):
+        for name, level in (("FedIPS", 0.6), ("FedAvg", 0.5)):
+            rep = _repeat(1 + r, 10.0, level + 0.01 * r * (name == "FedAvg"))
+            rep["offline"]["ndcg@5"] = [v - 0.1 for v in rep["offline"]["ndcg@10"]]
+            writer.repeat_done(name, r, rep)
+    writer.run_done({})
+    res = json.loads((tmp_path / "results.json").read_text())
+    (comp,) = res["comparisons_by_metric"]["ndcg@5"]
+    assert comp["variant"] == "FedAvg" and comp["diff_mean"] == pytest.approx(-0.09)
+    assert "Highest final ndcg@5 (the paper's metric): FedIPS (0.5000)." in res["conclusions"]
+    assert any(s.startswith("FedAvg vs FedIPS: -0.0900 ndcg@5") for s in res["conclusions"])
+    md = (tmp_path / "summary.md").read_text()
+    assert "| final nDCG@10 | Δ vs reference (p) | final nDCG@5 |" in md
+    assert "| FedAvg | 0.5100 ± 0.0100 (3) |" in md and "| 0.4100 ± 0.0100 (3) |" in md
+    assert (tmp_path / "curves-ndcg@5.png").exists()

@@ -40,9 +40,13 @@ from foltr_async.observe.timecurve import AXES, at_common, is_timed
 _log = structlog.get_logger("foltr_async.observe.results")
 
 CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
+#: Offline metrics a protocol's paper reports instead of the scenario's: where a run has them,
+#: summary.md gives them a column, the reference comparisons are made in them too
+#: (``comparisons_by_metric``) and the conclusions state them. FedIPS is reported in nDCG@5.
+PAPER_METRICS = ("ndcg@5",)
 #: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
 #: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
-EXTRA_CURVES = ("maxrr@10",)
+EXTRA_CURVES = ("maxrr@10", *PAPER_METRICS)
 OWN_KEYS = (
     "scenario",
     "seed",
@@ -52,6 +56,7 @@ OWN_KEYS = (
     "planned",
     "variants",
     "comparisons",
+    "comparisons_by_metric",
     "conclusions",
     "complete",
     "nothing_learned",
@@ -244,6 +249,12 @@ def paired_finals(
     return [mine[s] for s in seeds], [ref[s] for s in seeds]
 
 
+def paper_metrics(results: dict) -> list[str]:
+    """The ``PAPER_METRICS`` some variant of ``results`` has a final value of."""
+    finals = [(v.get("summary") or {}).get("final") or {} for v in results["variants"].values()]
+    return [m for m in PAPER_METRICS if any((f.get(m) or {}).get("n") for f in finals)]
+
+
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
     """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
     and ``p_bonferroni`` are the p-value adjusted over all the scenario's comparisons (Holm,
@@ -362,11 +373,13 @@ def render_summary_md(results: dict) -> str:
     )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
+    extra = paper_metrics(results)
     lines += [
         "",
-        f"| variant | final {label} | Δ vs reference (p) | online discounted {label} "
-        "| empty rounds | messages sent / dropped | wall s |",
-        "|---|---|---|---|---|---|---|",
+        f"| variant | final {label} | Δ vs reference (p) | "
+        + "".join(f"final {metric_label(m)} | " for m in extra)
+        + f"online discounted {label} | empty rounds | messages sent / dropped | wall s |",
+        "|---|---|---|" + "---|" * len(extra) + "---|---|---|---|",
     ]
     comps = {c["variant"]: c for c in results.get("comparisons", [])}
     for name, entry in variants.items():
@@ -395,7 +408,10 @@ def render_summary_md(results: dict) -> str:
         msgs = f"{_num(sent, ',.0f')} / {_num(dropped, ',.0f')}"
         wall = _num((s.get("wall_s") or {}).get("mean"), ".1f")
         empty = _empty_rounds(s.get("contributions") or {})
-        lines.append(f"| {name} | {final} | {delta} | {online} | {empty} | {msgs} | {wall} |")
+        cells = "".join(f"{_mean_std((s.get('final') or {}).get(m), '.4f')} | " for m in extra)
+        lines.append(
+            f"| {name} | {final} | {delta} | {cells}{online} | {empty} | {msgs} | {wall} |"
+        )
     conclusions = results.get("conclusions") or []
     if conclusions:
         lines += ["", "## Conclusions", ""] + [f"- {c}" for c in conclusions]
@@ -584,6 +600,9 @@ class ResultsWriter(Observer):
             "nothing_learned": nothing_learned(summaries),
             "nothing_measured": nothing_measured(variants),
         }
+        by_metric = {m: compare(variants, self.reference, m) for m in paper_metrics(res)}
+        if any(by_metric.values()):  # the paper's metric, tested as the scenario's is
+            res["comparisons_by_metric"] = {m: c for m, c in by_metric.items() if c}
         unmet = not_as_asked(res["variants"])["lines"]
         if unmet:
             res["not_as_asked"] = unmet
