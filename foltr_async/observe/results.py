@@ -1,11 +1,13 @@
-"""Results of a run as files a researcher keeps: results.json, curves.csv, summary.md, curves.png.
+"""Results of a run as files a researcher keeps: results.json, curves.csv, summary.md and the
+figures (curves.pdf, curves.png).
 
 The numbers (results.json, curves.csv, summary.md) are rewritten after every finished repeat
 (write to a temporary file, fsync, rename), so an interrupted run leaves valid files describing
 exactly the repeats it finished, marked ``"complete": false``. results.json is written first and
-the figure last: a plotting failure is logged and never costs the numbers. The figure (~0.2 s)
-is redrawn after a repeat only while drawing stays under a tenth of the wall time since the last
-drawing, and always at ``run_done``, so short repeats are not dominated by matplotlib.
+the figures last: a plotting failure is logged and never costs the numbers. A figure (0.3-1 CPU
+s as PDF and 300-dpi PNG) is redrawn after a repeat only while drawing stays under a tenth of
+the wall time since the last drawing, and always at ``run_done``, so short repeats are not
+dominated by matplotlib.
 """
 
 from __future__ import annotations
@@ -471,7 +473,7 @@ def render_curves_csv(results: dict) -> str:
 
 
 class ResultsWriter(Observer):
-    """Observer that keeps results.json, curves.csv, summary.md and curves.png up to date.
+    """Observer that keeps results.json, curves.csv, summary.md and the figures up to date.
 
     ``conclusions(results)`` returns the scenario's sentences for the current results; it is
     called after every repeat, and a failing callback keeps the previous sentences.
