@@ -7,7 +7,8 @@ variant's resolved config as parameters (or text), every evaluated round's offli
 simulated time as step series (logged as the round is evaluated, so a metric's timestamp is when
 its round was; runs under ``--jobs`` report a repeat when it ends, and their series carry that
 time), the privacy curve, and the final, online, message, privacy and staleness numbers. The
-scenario run gets results.json, summary.md and curves.png as artifacts when the run ends.
+scenario run gets results.json, summary.md, curves.pdf and curves.png as artifacts when the run
+ends.
 
 Both libraries are optional (``pip install 'foltr-async[tracking]'``: mlflow-skinny with
 SQLAlchemy and Alembic for its SQLite store, tensorboardX, and tensorboard to view the event
@@ -183,7 +184,7 @@ class MlflowTracker(Observer):
     def run_done(self, results: dict) -> None:
         if self.parent is None:
             return
-        for name in ("results.json", "summary.md", "curves.png"):
+        for name in ("results.json", "summary.md", "curves.pdf", "curves.png"):
             path = self.out_dir / name
             if path.exists():
                 self.client.log_artifact(self.parent, str(path))
