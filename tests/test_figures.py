@@ -102,3 +102,10 @@ def test_title_is_the_scenarios_question_and_the_band_is_named(tmp_path, monkeyp
     res.pop("config")
     fig = _drawn(res, tmp_path, monkeypatch)
     assert fig._suptitle.get_text() == "slug_name (partial)"  # no question: the name
+
+
+def test_summary_opens_with_the_scenarios_question():
+    from foltr_async.observe.results import render_summary_md
+
+    md = render_summary_md({**_results(), "seed": 4}).splitlines()
+    assert md[:3] == ["# slug_name", "", "Does b keep up with a?"]

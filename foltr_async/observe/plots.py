@@ -97,15 +97,20 @@ def _round_axis(ax) -> None:
     ax.set_xlim(left=0)
 
 
-def figure_title(results: dict) -> str:
-    """The scenario's question (``scenario.description``), else its name."""
+def scenario_question(results: dict) -> str | None:
+    """The scenario's ``description`` (its question), from the variants' resolved configs."""
     config = results.get("config") or {}
     described = [
         (c.get("scenario") or {}).get("description")
         for c in config.values()
         if isinstance(c, dict) and isinstance(c.get("scenario"), dict)
     ]
-    title = next((d for d in described if d), None) or results.get("scenario", "")
+    return next((d for d in described if d), None)
+
+
+def figure_title(results: dict) -> str:
+    """The scenario's question, else its name."""
+    title = scenario_question(results) or results.get("scenario", "")
     if not results.get("complete", True):
         title += " (partial)"
     return title

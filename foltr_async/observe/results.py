@@ -28,7 +28,7 @@ from foltr_async.errors import FoltrError
 from foltr_async.ltr.metrics import ONLINE_GAMMA
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
-from foltr_async.observe.plots import metric_label, plot_curves
+from foltr_async.observe.plots import metric_label, plot_curves, scenario_question
 from foltr_async.observe.stats import (
     PAIRED_TEST,
     bonferroni,
@@ -330,6 +330,9 @@ def render_summary_md(results: dict) -> str:
     planned = (results.get("planned") or {}).get("repeats")
     total = f"{done}/{planned * len(variants)}" if planned else str(done)
     lines = [f"# {results.get('scenario', 'run')}", ""]
+    question = scenario_question(results)
+    if question:
+        lines += [f"{question}", ""]
     complete = results.get("complete")
     status = "complete" if complete else "partial (interrupted or still running)"
     unmeasured = results.get("nothing_measured") or {}
