@@ -140,7 +140,8 @@ class Probe(Checkpointed):
     def online(self, rounds: Sequence[int] = ()) -> tuple[dict[str, float | int], list[float]]:
         """The online metric over every record, and its running value through each of
         ``rounds`` (ascending; records of rounds up to it), summed in the one order, so a run
-        read at round r gives what the same run stopped at r gives."""
+        read at round r gives what the same run stopped at r gives. A run that showed no user a
+        ranking (CS-F-LTR's parties have no online users) has no online metric: None, not 0."""
         acc, at = OnlineDiscounted(), []
         ends = iter(rounds)
         end = next(ends, None)
@@ -150,6 +151,8 @@ class Probe(Checkpointed):
                 end = next(ends, None)
             acc.add(value)
         at += [acc.value] * (len(rounds) - len(at))
+        if not acc.t:
+            return {"ndcg@10_discounted": None, "interactions": 0}, [None] * len(rounds)
         return {"ndcg@10_discounted": acc.value, "interactions": acc.t}, at
 
 

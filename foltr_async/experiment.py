@@ -31,7 +31,7 @@ from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.ltr import threads
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
-from foltr_async.observe.results import ResultsWriter, load_results, measured_nothing
+from foltr_async.observe.results import ResultsWriter, final_value, load_results
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
 from foltr_async.provenance import check_same_code, code_stamp
@@ -188,8 +188,6 @@ def _check_layout(path: Path, data: dict) -> None:
             raise CheckpointError(f"{path}: {key}: not what this version writes there")
 
 
-#: Evaluations a trained model's level is averaged over: one evaluation is a noisy snapshot.
-STABLE_LAST = 3
 ALPHA = 0.05
 
 
@@ -216,10 +214,10 @@ def conclusions(results: dict) -> list[str]:
 
     A claim needs a test: with fewer than two paired seeds a difference is reported as a number
     and nothing more; "significant" uses the Holm-adjusted p of the scenario's comparisons.
-    Unlearning compares the unlearned model (its final evaluation: the calibrated model) with
-    the stable level of the others (mean of their last STABLE_LAST training evaluations), and
-    says what share of the gap it closed only when both the gap and the recovery are significant
-    (the recovery's p Holm-adjusted over the scenario's unlearned variants).
+    Every level is a variant's final value, the table's (``final_value``: the unlearned model's
+    is the calibrated one). Unlearning says what share of the gap it closed only when both the
+    gap and the recovery are significant (the recovery's p Holm-adjusted over the scenario's
+    unlearned variants).
     """
     variants = results.get("variants", {})
     idle = results.get("nothing_learned") or {}
@@ -234,17 +232,11 @@ def conclusions(results: dict) -> list[str]:
         f"held-out query has a relevant document, so {METRIC} is undefined (its 0 is no result)."
         for name, n in (results.get("nothing_measured") or {}).items()
     ]
-    finals = {
-        name: final["mean"]
-        for name, v in variants.items()
-        for final in [v.get("summary", {}).get("final", {}).get(METRIC) or {}]
-        if final.get("mean") is not None and name not in idle
-    }
+    finals = _finals(variants, METRIC, idle)
     folds = _folds(results)
     if not finals:
         return lines
-    best = max(finals, key=finals.get)
-    lines.append(f"Highest final {METRIC}: {best} ({finals[best]:.4f}).")
+    lines.append(_highest(finals, METRIC))
     ref = results.get("reference")
     unlearned = [
         _unlearning(results, name, before, ref)
@@ -258,17 +250,52 @@ def conclusions(results: dict) -> list[str]:
         reports = [r.get("privacy") or {} for r in v.get("repeats", [])]
         if reports and all(p.get("run") for p in reports):
             lines.append(_privacy_sentence(name, reports))
-    for key, where in (
-        ("equal_time", "simulated time {:.0f} s"),
-        ("equal_interactions", "{:,.0f} user interactions"),
+    for key, axis, where, span in (
+        ("equal_time", "simulated time", "simulated time {:.0f} s", "{:.0f}-{:.0f} s"),
+        ("equal_interactions", "user interactions", "{:,.0f} user interactions", "{:,.0f}-{:,.0f}"),
     ):
         same = results.get(key)
-        if same:
+        if same and same.get("at") is None:
+            spans = ", ".join(
+                f"{name} {span.format(*lo_hi)}" for name, lo_hi in same["measured"].items()
+            )
+            lines.append(
+                f"{METRIC} at equal {axis}: no point at which every repeat of every variant was "
+                f"measured, so no comparison (measured in: {spans})."
+            )
+        elif same:
             at = ", ".join(
                 f"{name} {s['mean']:.4f}" for name, s in same["variants"].items() if s["n"]
             )
             lines.append(f"{METRIC} at equal {where.format(same['at'])}: {at}.")
-    for comp in results.get("comparisons", []):
+    lines += _comparison_lines(results.get("comparisons", []), folds)
+    for metric, comps in (results.get("comparisons_by_metric") or {}).items():
+        finals = _finals(variants, metric, idle)
+        if finals:
+            lines.append(_highest(finals, f"{metric} (the paper's metric)"))
+        lines += _comparison_lines(comps, folds)
+    return lines
+
+
+def _finals(variants: dict, metric: str, idle: dict) -> dict[str, float]:
+    """Each variant's mean final ``metric`` (the table's), but for those that learned nothing."""
+    return {
+        name: final["mean"]
+        for name, v in variants.items()
+        for final in [v.get("summary", {}).get("final", {}).get(metric) or {}]
+        if final.get("mean") is not None and name not in idle
+    }
+
+
+def _highest(finals: dict[str, float], what: str) -> str:
+    best = max(finals, key=finals.get)
+    return f"Highest final {what}: {best} ({finals[best]:.4f})."
+
+
+def _comparison_lines(comps: list[dict], folds: int) -> list[str]:
+    """One sentence per comparison with the reference, significance judged by its Holm p."""
+    lines = []
+    for comp in comps:
         if comp.get("diff_mean") is None:
             continue
         p, holm_p = comp.get("p_value"), comp.get("p_holm", comp.get("p_value"))
@@ -280,8 +307,9 @@ def conclusions(results: dict) -> list[str]:
                 f"paired t-test over {_runs(comp['n'], folds)}: {sig}, p={p:.3g}, "
                 f"Holm p={holm_p:.3g}"
             )
+        metric = comp.get("metric", METRIC)
         lines.append(
-            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {METRIC} ({test})."
+            f"{comp['variant']} vs {comp['reference']}: {comp['diff_mean']:+.4f} {metric} ({test})."
         )
     return lines
 
@@ -307,18 +335,15 @@ def _runs(n: int, folds: int) -> str:
 
 def _unlearning(results: dict, name: str, before: str, ref: str) -> dict:
     """Levels and paired tests of one unlearned variant (``recovery``: vs the attacked one)."""
-    variants, config = results["variants"], results.get("config") or {}
-    unlearned = _per_seed(variants[name], None)
-    attacked = _per_seed(variants[before], _training_rounds(config, before))
-    clean = _per_seed(variants[ref], _training_rounds(config, ref))
+    variants = results["variants"]
+    unlearned, attacked, clean = (_per_seed(variants[v]) for v in (name, before, ref))
     seeds = sorted(set(unlearned) & set(attacked) & set(clean))
     u, a, c = (np.array([d[s] for s in seeds]) for d in (unlearned, attacked, clean))
     out = {"name": name, "before": before, "ref": ref, "n": len(seeds), "recovery": (None, None)}
     if seeds:
         out["levels"] = (
             f"{name} {u.mean():.4f} vs {before} {a.mean():.4f} and {ref} {c.mean():.4f} "
-            f"(final calibrated model vs mean of the last {STABLE_LAST} training evaluations, "
-            f"n = {len(seeds)})"
+            f"(final values; {name}'s is the calibrated model; n = {len(seeds)})"
         )
     if len(seeds) >= 2:
         out |= {
@@ -390,26 +415,10 @@ def _p(p: float | None) -> str:
     return "n/a" if p is None else f"{p:.3g}"
 
 
-def _training_rounds(config: dict, name: str) -> int | None:
-    return ((config.get(name) or {}).get("federation") or {}).get("rounds")
-
-
-def _per_seed(variant: dict, last_round: int | None) -> dict[int, float]:
-    """Per seed: the final evaluation (``last_round`` None) or the mean of the last STABLE_LAST
-    evaluations up to ``last_round``."""
-    out = {}
-    for rep in variant["repeats"]:
-        curve = [] if measured_nothing(rep) else (rep.get("offline") or {}).get(METRIC) or []
-        values = [
-            v
-            for r, v in zip(rep.get("rounds") or [], curve, strict=True)
-            if v is not None and (last_round is None or r <= last_round)
-        ]
-        if values:
-            out[rep["seed"]] = (
-                values[-1] if last_round is None else float(np.mean(values[-STABLE_LAST:]))
-            )
-    return out
+def _per_seed(variant: dict) -> dict[int, float]:
+    """Per seed: the repeat's final value (``final_value``, the table's), where it has one."""
+    finals = {rep["seed"]: final_value(rep, METRIC) for rep in variant["repeats"]}
+    return {seed: v for seed, v in finals.items() if v is not None}
 
 
 def check_scenario(scenario: Scenario) -> None:

@@ -28,7 +28,7 @@ AGREE = 1e-9
 
 def merge_runs(parts: list[Path], out: Path) -> dict:
     """Write the merged results of ``parts`` into ``out`` (results.json, curves.csv, summary.md,
-    curves.png); returns the merged results."""
+    the figures); returns the merged results."""
     if len(parts) < 2:
         raise FoltrError("merge: give at least two run folders")
     runs = [(str(p), load_results(p)) for p in parts]

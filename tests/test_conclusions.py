@@ -1,7 +1,9 @@
-"""Conclusions respect n and significance and compare stable levels, not one snapshot."""
+"""Conclusions respect n and significance and state the numbers the table states."""
+
+import re
 
 from foltr_async.experiment import conclusions
-from foltr_async.observe.results import compare, summarise_variant
+from foltr_async.observe.results import compare, render_summary_md, summarise_variant
 
 ROUNDS = [10, 20, 30, 40]
 
@@ -27,8 +29,6 @@ def _results(curves: dict[str, list[list[float]]]) -> dict:
 
 
 def test_one_seed_gives_numbers_but_no_recovery_claim():
-    # The attacked run's last snapshot dips to 0.45: against it the unlearned 0.70 "closes 139 %
-    # of the gap" to 0.63, although the attacked level (mean of the last evaluations) was 0.59.
     res = _results(
         {
             "9H-0M": [[0.60, 0.62, 0.63, 0.63]],
@@ -41,19 +41,39 @@ def test_one_seed_gives_numbers_but_no_recovery_claim():
     assert "too few seeds for a conclusion" in lines and "n = 1" in lines
 
 
-def test_recovery_share_uses_the_stable_level_and_needs_significance():
+def _recovery() -> dict:
     clean = [[0.5, 0.6, 0.62 + d, 0.62 + d] for d in (0.0, 0.01, -0.01, 0.005)]
     attacked = [[0.5, 0.4, 0.42 + d, 0.30 + d] for d in (0.0, 0.012, -0.008, 0.004)]
     unlearned = [a + [0.52 + d] for a, d in zip(attacked, (0.0, 0.01, -0.01, 0.002), strict=True)]
-    res = _results({"9H-0M": clean, "9H-1M": attacked, "9H-1M-unlearned-s10": unlearned})
-    line = next(s for s in conclusions(res) if s.startswith("Unlearning"))
-    # stable attacked level: mean of rounds 20-40 = 0.3733 + d; clean 0.6133 + d'; unlearned 0.52
-    assert line.startswith("Unlearning recovered 61% of the gap")
+    return {"9H-0M": clean, "9H-1M": attacked, "9H-1M-unlearned-s10": unlearned}
+
+
+def test_recovery_share_uses_the_final_values_and_needs_significance():
+    curves = _recovery()
+    line = next(s for s in conclusions(_results(curves)) if s.startswith("Unlearning"))
+    # finals: attacked 0.30 + d (mean 0.302), clean 0.62 + d (0.62125), unlearned 0.5205
+    assert line.startswith("Unlearning recovered 68% of the gap")
     assert "n = 4" in line and "p=" in line
+    unlearned = curves["9H-1M-unlearned-s10"]
     noisy = [u[:-1] + [u[-1] - 0.2 + 0.1 * (i % 2)] for i, u in enumerate(unlearned)]
-    res = _results({"9H-0M": clean, "9H-1M": attacked, "9H-1M-unlearned": noisy})
+    res = _results({"9H-0M": curves["9H-0M"], "9H-1M": curves["9H-1M"], "9H-1M-unlearned": noisy})
     line = next(s for s in conclusions(res) if s.startswith("Unlearning"))
     assert line.startswith("Unlearning did not significantly recover")
+
+
+def test_the_headline_states_each_arms_number_of_the_table():
+    """The unlearning sentence and the summary table read one definition (the final value):
+    a last snapshot unlike the arm's previous evaluations (the attacked arm's 0.30 after 0.42)
+    is the number both state."""
+    res = _results(_recovery())
+    res["conclusions"] = conclusions(res)
+    md = render_summary_md(res)
+    line = next(s for s in res["conclusions"] if s.startswith("Unlearning"))
+    for arm in ("9H-0M", "9H-1M", "9H-1M-unlearned-s10"):
+        table = re.search(rf"^\| {re.escape(arm)} \| (\d\.\d{{4}}) ±", md, re.M).group(1)
+        said = re.search(rf"(?<![-\w]){re.escape(arm)} (\d\.\d{{4}})(?![-\w])", line).group(1)
+        assert said == table, arm
+    assert "9H-1M 0.3020" in line
 
 
 def test_comparison_sentences_judge_significance_by_holm():
@@ -73,7 +93,7 @@ def test_comparison_sentences_judge_significance_by_holm():
 def test_recovery_of_many_unlearned_variants_is_judged_by_holm():
     clean = [[0.6, 0.6, 0.6, 0.62 + d] for d in (0.0, 0.01, -0.01, 0.005, 0.0)]
     attacked = [[0.4, 0.4, 0.4, 0.4 + d] for d in (0.0, 0.012, -0.006, 0.004, 0.001)]
-    # recovery +0.0115: raw p = 0.029 for each; Holm over the 4 unlearned variants: 0.116
+    # recovery +0.01: raw p = 0.042 for each; Holm over the 4 unlearned variants: 0.168
     noise = (0.008, -0.006, 0.0, 0.007, -0.009)
     unlearned = [a + [a[-1] + 0.01 + e] for a, e in zip(attacked, noise, strict=True)]
     curves = {"9H-0M": clean, "9H-1M": attacked}
@@ -81,4 +101,4 @@ def test_recovery_of_many_unlearned_variants_is_judged_by_holm():
     lines = [s for s in conclusions(_results(curves)) if s.startswith("Unlearning")]
     assert len(lines) == 4
     assert all(s.startswith("Unlearning did not significantly recover") for s in lines)
-    assert all("(p=0.0289, Holm p=0.116)" in s for s in lines)
+    assert all("(p=0.042, Holm p=0.168)" in s for s in lines)

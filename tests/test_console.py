@@ -363,3 +363,17 @@ def test_events_level_filters_the_file_only(tmp_path):
     assert [json.loads(ln)["event"] for ln in path.read_text().splitlines()] == ["round"]
     with pytest.raises(ScenarioError, match="events level"):
         configure_logging(events_path=None, json_logs=False, console=False, events_level="loud")
+
+
+def test_final_column_reads_the_tables_definition_of_final():
+    """A repeat that measured nothing (no held-out query with a relevant document) has no final
+    value in the table, so none in the console either: its nDCG 0 is no result."""
+    live = LiveConsole(Console(file=io.StringIO()))
+    live.start = lambda: None
+    live.run_started(INFO)
+    live.repeat_started("10H-0M", 0, 1)
+    live.repeat_done("10H-0M", 0, {"offline": {"ndcg@10": [0.5]}})
+    live.repeat_started("10H-0M", 1, 2)
+    live.repeat_done("10H-0M", 1, {"offline": {"ndcg@10": [0.0]}, "judged_queries": 0})
+    screen = render(live)
+    assert "0.5000 ± 0.0000 (1)" in screen and "(2)" not in screen

@@ -85,7 +85,7 @@ def test_mlflow_reads_back_one_run_per_repeat_with_curves_params_and_artifacts(
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert parent.info.start_time <= dp.info.start_time
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"results.json", "summary.md"} <= names
+    assert {"results.json", "summary.md", "curves.pdf", "curves.png"} <= names
     assert (out / "mlartifacts").is_dir()
 
 

@@ -218,13 +218,17 @@ def maxrr(clicks: np.ndarray, k: int = 10) -> np.ndarray | float:
     return float(out) if out.ndim == 0 else out
 
 
+#: The online metric's discount per displayed ranking (the PDGD and FPDGD authors').
+ONLINE_GAMMA = 0.9995
+
+
 class OnlineDiscounted:
     """Online performance: sum over displayed rankings, in order, of gamma^t * nDCG@10 (t from 0).
 
     The cumulative discounted measure of Hofmann et al. (2011) as reported by PDGD and FPDGD.
     """
 
-    def __init__(self, gamma: float = 0.9995, k: int = 10) -> None:
+    def __init__(self, gamma: float = ONLINE_GAMMA, k: int = 10) -> None:
         self.gamma = float(gamma)
         self.k = int(k)
         self.t = 0

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from foltr_async.observe.observer import Observer
-from foltr_async.observe.results import nobody_online_share
+from foltr_async.observe.results import final_value, nobody_online_share
 from foltr_async.observe.stats import summarise
 
 BLOCKS = np.array(list("▁▂▃▄▅▆▇█"))
@@ -226,13 +226,13 @@ class LiveConsole(Observer):
     def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
         self._plain.repeat_done(variant, repeat, result)
         metric = self._info.get("metric", "ndcg@10")
-        values = (result.get("offline") or {}).get(metric) or []
+        final = final_value(result, metric)  # the table's and the conclusions' definition
         with self._lock:
             self._rounds_finished += self._cur_rounds
             self._cur_rounds = self._cur_after = 0
             self._repeats_finished += 1
-            if values and values[-1] is not None:
-                self._finals.setdefault(variant, []).append(float(values[-1]))
+            if final is not None:
+                self._finals.setdefault(variant, []).append(float(final))
 
     def run_done(self, results: dict) -> None:
         self._plain.run_done(results)

@@ -1,11 +1,13 @@
-"""Results of a run as files a researcher keeps: results.json, curves.csv, summary.md, curves.png.
+"""Results of a run as files a researcher keeps: results.json, curves.csv, summary.md and the
+figures (curves.pdf, curves.png).
 
 The numbers (results.json, curves.csv, summary.md) are rewritten after every finished repeat
 (write to a temporary file, fsync, rename), so an interrupted run leaves valid files describing
 exactly the repeats it finished, marked ``"complete": false``. results.json is written first and
-the figure last: a plotting failure is logged and never costs the numbers. The figure (~0.2 s)
-is redrawn after a repeat only while drawing stays under a tenth of the wall time since the last
-drawing, and always at ``run_done``, so short repeats are not dominated by matplotlib.
+the figures last: a plotting failure is logged and never costs the numbers. A figure (0.3-1 CPU
+s as PDF and 300-dpi PNG) is redrawn after a repeat only while drawing stays under a tenth of
+the wall time since the last drawing, and always at ``run_done``, so short repeats are not
+dominated by matplotlib.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any
 import structlog
 
 from foltr_async.errors import FoltrError
+from foltr_async.ltr.metrics import ONLINE_GAMMA
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
-from foltr_async.observe.plots import metric_label, plot_curves
+from foltr_async.observe.plots import metric_label, plot_curves, scenario_question
 from foltr_async.observe.stats import (
     PAIRED_TEST,
     bonferroni,
@@ -39,9 +42,13 @@ from foltr_async.observe.timecurve import AXES, at_common, is_timed
 _log = structlog.get_logger("foltr_async.observe.results")
 
 CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
+#: Offline metrics a protocol's paper reports instead of the scenario's: where a run has them,
+#: summary.md gives them a column, the reference comparisons are made in them too
+#: (``comparisons_by_metric``) and the conclusions state them. FedIPS is reported in nDCG@5.
+PAPER_METRICS = ("ndcg@5",)
 #: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
 #: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
-EXTRA_CURVES = ("maxrr@10",)
+EXTRA_CURVES = ("maxrr@10", *PAPER_METRICS)
 OWN_KEYS = (
     "scenario",
     "seed",
@@ -51,6 +58,7 @@ OWN_KEYS = (
     "planned",
     "variants",
     "comparisons",
+    "comparisons_by_metric",
     "conclusions",
     "complete",
     "nothing_learned",
@@ -243,6 +251,12 @@ def paired_finals(
     return [mine[s] for s in seeds], [ref[s] for s in seeds]
 
 
+def paper_metrics(results: dict) -> list[str]:
+    """The ``PAPER_METRICS`` some variant of ``results`` has a final value of."""
+    finals = [(v.get("summary") or {}).get("final") or {} for v in results["variants"].values()]
+    return [m for m in PAPER_METRICS if any((f.get(m) or {}).get("n") for f in finals)]
+
+
 def compare(variants: dict[str, list[dict]], reference: str | None, metric: str) -> list[dict]:
     """Each variant's final metric against the reference's, paired by repeat seed; ``p_holm``
     and ``p_bonferroni`` are the p-value adjusted over all the scenario's comparisons (Holm,
@@ -316,6 +330,9 @@ def render_summary_md(results: dict) -> str:
     planned = (results.get("planned") or {}).get("repeats")
     total = f"{done}/{planned * len(variants)}" if planned else str(done)
     lines = [f"# {results.get('scenario', 'run')}", ""]
+    question = scenario_question(results)
+    if question:
+        lines += [f"{question}", ""]
     complete = results.get("complete")
     status = "complete" if complete else "partial (interrupted or still running)"
     unmeasured = results.get("nothing_measured") or {}
@@ -354,14 +371,20 @@ def render_summary_md(results: dict) -> str:
             "Holm (and Bonferroni, the published studies' correction) = p adjusted over all the "
             "comparisons with the reference."
         )
+    online_key = f"{metric}_discounted"
+    lines.append(
+        f"Online discounted {label} = sum over the rankings shown to users, in order, of "
+        f"{ONLINE_GAMMA}^t x their {label}, mean ± sample std; n/a: no user was shown a ranking."
+    )
     for conv in _conventions(results.get("config") or {}):
         lines.append(f"nDCG convention: {conv}.")
-    online_key = f"{metric}_discounted"
+    extra = paper_metrics(results)
     lines += [
         "",
-        f"| variant | final {label} | Δ vs reference (p) | online discounted {label} "
-        "| empty rounds | messages sent / dropped | wall s |",
-        "|---|---|---|---|---|---|---|",
+        f"| variant | final {label} | Δ vs reference (p) | "
+        + "".join(f"final {metric_label(m)} | " for m in extra)
+        + f"online discounted {label} | empty rounds | messages sent / dropped | wall s |",
+        "|---|---|---|" + "---|" * len(extra) + "---|---|---|---|",
     ]
     comps = {c["variant"]: c for c in results.get("comparisons", [])}
     for name, entry in variants.items():
@@ -381,13 +404,19 @@ def render_summary_md(results: dict) -> str:
             delta = f"{c['diff_mean']:+.4f} (p={p}, n={c['n']})"
         else:
             delta = "–"
-        online = _mean_std((s.get("online") or {}).get(online_key), ".4g", ".2g", n=False)
+        online_s = (s.get("online") or {}).get(online_key)
+        online = _mean_std(online_s, ".4g", ".2g", n=False)
+        if online_s is not None and not online_s["n"]:  # every repeat: no online users
+            online = "n/a"
         m = s.get("messages") or {}
         sent, dropped = (m.get("sent") or {}).get("mean"), (m.get("dropped") or {}).get("mean")
         msgs = f"{_num(sent, ',.0f')} / {_num(dropped, ',.0f')}"
         wall = _num((s.get("wall_s") or {}).get("mean"), ".1f")
         empty = _empty_rounds(s.get("contributions") or {})
-        lines.append(f"| {name} | {final} | {delta} | {online} | {empty} | {msgs} | {wall} |")
+        cells = "".join(f"{_mean_std((s.get('final') or {}).get(m), '.4f')} | " for m in extra)
+        lines.append(
+            f"| {name} | {final} | {delta} | {cells}{online} | {empty} | {msgs} | {wall} |"
+        )
     conclusions = results.get("conclusions") or []
     if conclusions:
         lines += ["", "## Conclusions", ""] + [f"- {c}" for c in conclusions]
@@ -447,7 +476,7 @@ def render_curves_csv(results: dict) -> str:
 
 
 class ResultsWriter(Observer):
-    """Observer that keeps results.json, curves.csv, summary.md and curves.png up to date.
+    """Observer that keeps results.json, curves.csv, summary.md and the figures up to date.
 
     ``conclusions(results)`` returns the scenario's sentences for the current results; it is
     called after every repeat, and a failing callback keeps the previous sentences.
@@ -576,6 +605,9 @@ class ResultsWriter(Observer):
             "nothing_learned": nothing_learned(summaries),
             "nothing_measured": nothing_measured(variants),
         }
+        by_metric = {m: compare(variants, self.reference, m) for m in paper_metrics(res)}
+        if any(by_metric.values()):  # the paper's metric, tested as the scenario's is
+            res["comparisons_by_metric"] = {m: c for m, c in by_metric.items() if c}
         unmet = not_as_asked(res["variants"])["lines"]
         if unmet:
             res["not_as_asked"] = unmet

@@ -7,7 +7,8 @@ variant's resolved config as parameters (or text), every evaluated round's offli
 simulated time as step series (logged as the round is evaluated, so a metric's timestamp is when
 its round was; runs under ``--jobs`` report a repeat when it ends, and their series carry that
 time), the privacy curve, and the final, online, message, privacy and staleness numbers. The
-scenario run gets results.json, summary.md and curves.png as artifacts when the run ends.
+scenario run gets results.json, summary.md, curves.pdf and curves.png as artifacts when the run
+ends.
 
 Both libraries are optional (``pip install 'foltr-async[tracking]'``: mlflow-skinny with
 SQLAlchemy and Alembic for its SQLite store, tensorboardX, and tensorboard to view the event
@@ -28,6 +29,7 @@ from typing import Any
 
 from foltr_async.errors import FoltrError
 from foltr_async.observe.observer import Observer
+from foltr_async.observe.results import final_value
 
 _BAD = re.compile(r"[^\w.\- :/]")
 
@@ -73,9 +75,10 @@ def series(result: dict, per_round: bool = True) -> Iterator[tuple[str, float, i
         times = result.get("sim_times") or []
         for i, (r, t) in enumerate(zip(result.get("rounds") or [], times, strict=False)):
             yield from round_series(r, {m: vs[i] for m, vs in offline.items() if i < len(vs)}, t)
-    for metric, values in offline.items():
-        if values and values[-1] is not None:
-            yield f"final/{metric}", float(values[-1]), 0
+    for metric in offline:
+        final = final_value(result, metric)  # the table's definition
+        if final is not None:
+            yield f"final/{metric}", float(final), 0
     privacy = result.get("privacy") or {}
     curve = privacy.get("curve") or {}
     for key, values in curve.items():
@@ -181,7 +184,7 @@ class MlflowTracker(Observer):
     def run_done(self, results: dict) -> None:
         if self.parent is None:
             return
-        for name in ("results.json", "summary.md", "curves.png"):
+        for name in ("results.json", "summary.md", "curves.pdf", "curves.png"):
             path = self.out_dir / name
             if path.exists():
                 self.client.log_artifact(self.parent, str(path))
