@@ -71,6 +71,7 @@ import zmq.utils.z85
 from zmq.utils.monitor import recv_monitor_message
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.inputs import nesting_depth
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.codec import (
     DEFAULT_MAX_BYTES,
@@ -114,6 +115,7 @@ __all__ = [
 log = structlog.get_logger()
 
 _RUN = struct.Struct("<Id")
+DEFAULT_DEPTH = 16
 _ARRAY_EXT = 42
 ZAP_DOMAIN = b"foltr"
 
@@ -138,6 +140,9 @@ class WireLimits:
     clients: int = 1 << 20
     #: most items of one msgpack array or map in a control message
     items: int = 1 << 16
+    #: deepest nesting of lists and maps in a control message (the deepest legal one, a
+    #: worker's measurements, nests 7 deep); deeper frames are dropped as ``too_deep``
+    depth: int = DEFAULT_DEPTH
     #: frames handled per turn of the event loop before the hub yields
     batch: int = 64
     #: seconds between two log lines of a repeated warning (refusals, dropped frames)
@@ -217,11 +222,18 @@ def pack_control(msg: dict) -> bytes:
     return msgpack.packb(msg, default=_default, use_bin_type=True)
 
 
-def unpack_control(data: bytes, items: int | None = None) -> dict:
+class TooDeep(ValueError):
+    """A control message nests deeper than the hub reads (``WireLimits.depth``)."""
+
+
+def unpack_control(data: bytes, items: int | None = None, depth: int = DEFAULT_DEPTH) -> dict:
     """Inverse of ``pack_control``; raises ValueError for anything that is not a control map.
 
     ``items`` bounds every array's and map's length before it is built: msgpack's own limit
-    is the frame's size, and a 57 MB frame of one-byte items became 60 M objects (4 GB)."""
+    is the frame's size, and a 57 MB frame of one-byte items became 60 M objects (4 GB).
+    ``depth`` bounds the nesting (``TooDeep``): msgpack builds up to 1024 levels, and code
+    that later walks the value recursively (results, checkpoints) overflows Python's stack
+    on a 1,151-byte frame."""
     n = len(data) if items is None else items
     try:
         msg = msgpack.unpackb(
@@ -236,6 +248,8 @@ def unpack_control(data: bytes, items: int | None = None) -> dict:
         raise ValueError(f"undecodable control message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise ValueError("control message without a type 't'")
+    if nesting_depth(msg, depth) > depth:
+        raise TooDeep(f"control message nested deeper than {depth} levels")
     return msg
 
 
@@ -388,6 +402,12 @@ class HubBus(MemoryBus):
         self._where: dict[str, bytes] = {}  # registered remote agent -> worker routing id
         self.frames = 0  # data frames sent to workers (fan-out: one per worker per broadcast)
         self.received = 0  # data frames received from workers
+        #: messages handed to the hub for each remote agent, and for each worker (with their
+        #: bytes): what a worker's delivery counters and its clients' measurements are
+        #: checked against (``runtime.trust``)
+        self.sent_to: Counter[str] = Counter()
+        self.routed: Counter[bytes] = Counter()
+        self.routed_bytes: Counter[bytes] = Counter()
 
     def register(self, agent: Any) -> None:
         super().register(agent)
@@ -416,6 +436,7 @@ class HubBus(MemoryBus):
             return
         self.stats.injected += 1  # raw bytes for a remote agent: its worker decodes them
         self.frames += 1
+        self._routed(worker, dst, len(data))
         self.hub.send(worker, [b"M", _RUN.pack(self.run_id, 0.0), dst.encode(), data])
 
     def _schedule(self, loop, when, data, src, dst, kind, shared=None) -> None:  # noqa: ANN001
@@ -425,6 +446,7 @@ class HubBus(MemoryBus):
             return
         delay = max(0.0, when - loop.time())
         self.frames += 1
+        self._routed(worker, dst, len(data))
         self.hub.send(
             worker,
             [b"M", _RUN.pack(self.run_id, delay), dst.encode(), data],
@@ -448,6 +470,7 @@ class HubBus(MemoryBus):
         packed = datas[0][len(_head(kind, src, remote[0], round, seqs[0], now)) :]
         groups: dict[bytes, tuple[list[str], list[int], list[float]]] = {}
         for i, t in arrivals:
+            self._routed(self._where[remote[i]], remote[i], len(datas[i]))
             d, s, ts = groups.setdefault(self._where[remote[i]], ([], [], []))
             d.append(remote[i])
             s.append(seqs[i])
@@ -462,6 +485,11 @@ class HubBus(MemoryBus):
                     self.report_drop("unreachable", "worker is gone", src, x, kind) for x in d
                 ],
             )
+
+    def _routed(self, worker: bytes, dst: str, n: int) -> None:
+        self.sent_to[dst] += 1
+        self.routed[worker] += 1
+        self.routed_bytes[worker] += n
 
     def from_worker(self, worker: bytes, run: int, data: bytes) -> None:
         """Bytes an agent of ``worker`` sent: check, count and route them like a local send."""
@@ -619,20 +647,6 @@ class WorkerBus(MemoryBus):
         }
 
 
-def merge_delivery_stats(bus: MemoryBus, delta: dict) -> None:
-    """Add a worker's ``delivery_stats`` delta into the hub bus's counters."""
-    st = bus.stats
-    st.delivered += delta["delivered"]
-    st.bytes_delivered += delta["bytes_delivered"]
-    for reason, n in delta["dropped"].items():
-        st.dropped[reason] += n
-    for kind, (delivered, nbytes, dropped) in delta["kinds"].items():
-        ks = st.kind(kind)
-        ks.delivered += delivered
-        ks.bytes_delivered += nbytes
-        ks.dropped += dropped
-
-
 def stats_delta(now: dict, before: dict | None) -> dict:
     """``now - before`` of two ``delivery_stats`` snapshots."""
     if before is None:
@@ -690,7 +704,7 @@ class Hub:
     hello; ``on_lost(peer)`` a worker whose heartbeats stopped (or whose connection is gone);
     data frames from introduced peers go to ``bus.from_worker`` (the current run's ``HubBus``).
     Frames that cannot be used are counted in ``dropped`` by reason (``bad_frame``,
-    ``undecodable``, ``bad_control``, ``not_introduced``, ``oversized_control``,
+    ``undecodable``, ``too_deep``, ``bad_control``, ``not_introduced``, ``oversized_control``,
     ``handler_error``; frames this end could not queue: ``send_queue_full``), each reason logged
     as a warning at most once per ``limits.log_every`` seconds with its count: a flood of
     garbage costs a counter, not a log. Counters: ``refused`` handshakes, ``frames_out`` /
@@ -873,7 +887,12 @@ class Hub:
             self.drop(peer, "oversized_control", f"{len(data)} bytes before a hello")
             return
         try:
-            msg = unpack_control(data, max(64, limits.clients) if known is None else limits.items)
+            msg = unpack_control(
+                data, max(64, limits.clients) if known is None else limits.items, limits.depth
+            )
+        except TooDeep as e:
+            self.drop(peer, "too_deep", str(e))
+            return
         except ValueError as e:
             self.drop(peer, "undecodable", str(e))
             return

@@ -1,0 +1,283 @@
+"""Reliability against a connected peer that lies: nothing a worker sends forges the results,
+exhausts the server or ends the run.
+
+A *rogue* is a raw DEALER socket that speaks the control protocol itself (a hello, the run's
+``ready``, acks, flushes, updates with forged contents) beside honest ``join`` workers; the
+server must take only what the rogue's own assigned clients could have produced, count the
+rest, and finish the run with exit 0.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zmq
+
+from foltr_async.runtime.codec import Envelope, encode
+from foltr_async.runtime.zmqbus import pack_control, unpack_control
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "foltr_async"]
+RUN = struct.Struct("<Id")
+UPDATE = "fpdgd.update"
+
+
+def scenario(tmp_path: Path, data: Path, rounds: int = 8, extra: str = "", **fed) -> Path:
+    fed = {"protocol": '"fpdgd"', "clients": 4, "queries_per_client": 3, "rounds": rounds, **fed}
+    lines = "\n".join(f"{k} = {v}" for k, v in fed.items())
+    path = tmp_path / "trust.toml"
+    path.write_text(f"""
+[scenario]
+name = "trust"
+seed = 5
+[dataset]
+path = "{data.as_posix()}"
+[federation]
+{lines}
+[evaluation]
+every = 2
+{extra}
+""")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def events(out: Path) -> list[dict]:
+    path = out / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+def repeat_of(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())["variants"]["default"]["repeats"][0]
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+class Rogue(threading.Thread):
+    """A peer that says hello claiming ``claims`` and answers the server's control requests
+    as a worker would, hosting nothing: ``ready`` lists ``ready_states(run message)``; a
+    model to one of its clients is answered by ``update(round, params)`` (None: no reply);
+    ``on_run(rogue)`` runs once the run message came (forged flushes, floods)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        claims: list[int],
+        *,
+        name: str = "rogue",
+        ready_states: Callable[[dict], dict] | None = None,
+        update: Callable[[int, np.ndarray], tuple | None] | None = None,
+        on_run: Callable[["Rogue"], None] | None = None,
+        quit_after_run: float | None = None,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.claims, self.name = endpoint, claims, name
+        self.ready_states = ready_states or (
+            lambda msg: {a: ["joined", "client"] for a in msg["agents"]}
+        )
+        self.update, self.on_run, self.quit_after_run = update, on_run, quit_after_run
+        self.run_id = 0
+        self.seq = 0
+        self.sent_updates = 0
+        self.stop = threading.Event()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.routing_id = f"{name}@test".encode()
+        self.sock.linger = 0
+
+    def control(self, msg: dict) -> None:
+        self.sock.send_multipart([b"C", pack_control(msg)])
+
+    def flush(self, shown=None, extras=None, stats=None) -> dict:
+        owners, owner, rounds, values = shown or ([], [], [], [])
+        return {
+            "shown": {
+                "owners": owners,
+                "owner": np.asarray(owner, dtype=np.int32),
+                "rounds": np.asarray(rounds, dtype=np.int64),
+                "values": np.asarray(values, dtype=np.float64),
+            },
+            "extras": extras or {},
+            "stats": stats or {"delivered": 0, "bytes_delivered": 0, "dropped": {}, "kinds": {}},
+        }
+
+    def send_update(self, src: str, round: int, params: np.ndarray, n: int) -> None:
+        self.seq += 1
+        env = Envelope(UPDATE, src, "server", {"params": params, "n_interactions": n}, round,
+                       self.seq, 0.0)  # fmt: skip
+        self.sock.send_multipart([b"M", RUN.pack(self.run_id, 0.0), b"server", encode(env)])
+        self.sent_updates += 1
+
+    def run(self) -> None:
+        self.sock.connect(self.endpoint)
+        hello = {"t": "hello", "worker": self.name, "claims": self.claims, "host": "h",
+                 "pid": 1, "run": 0}  # fmt: skip
+        self.control(hello)
+        ran_at = None
+        while not self.stop.is_set():
+            gone = self.quit_after_run is not None and ran_at is not None
+            if gone and time.monotonic() - ran_at > self.quit_after_run:
+                break  # gone without a word: the server notices by its heartbeats
+            if not self.sock.poll(50):
+                continue
+            frames = self.sock.recv_multipart()
+            if frames[0] == b"C":
+                msg = unpack_control(frames[1])
+                ran_at = self._control(msg) or ran_at
+            elif frames[0] == b"B" and self.update is not None:
+                src, kind, rnd, _, dsts, _, _ = msgpack.unpackb(frames[2])
+                if kind == "fpdgd.model":
+                    params = msgpack.unpackb(frames[3], ext_hook=_array)["params"]
+                    for dst in dsts:
+                        reply = self.update(rnd, params)
+                        if reply is not None:
+                            self.send_update(dst, rnd, *reply)
+        self.sock.close(0)
+        self.ctx.term()
+
+    def _control(self, msg: dict) -> float | None:
+        t, req = msg["t"], msg.get("req")
+        if t == "hb":
+            self.control({"t": "hb"})
+        elif t == "run":
+            self.run_id = msg["run"]
+            self.control({"t": "ready", "req": req, "states": self.ready_states(msg)})
+            if self.on_run is not None:
+                self.on_run(self)
+            return time.monotonic()
+        elif t == "act":
+            self.control({"t": "ack", "req": req, "states": {msg["agent"]: ["joined", "client"]}})
+        elif t == "snap":
+            self.control({"t": "snapped", "req": req, "agents": {}, "flush": self.flush()})
+        elif t == "end":
+            self.control({"t": "done", "req": req, "flush": self.flush()})
+        elif t == "bye":
+            self.stop.set()
+        return None
+
+
+def _array(code: int, data: bytes):
+    from foltr_async.runtime.codec import _ext_hook
+
+    return _ext_hook(code, data)
+
+
+class Live:
+    """``serve`` and honest ``join`` workers on loopback, their logs in ``tmp_path``."""
+
+    def __init__(self, tmp_path: Path, path: Path, workers: list[str], *serve_args: str,
+                 env: dict | None = None, preexec=None) -> None:  # fmt: skip
+        self.port, self.out, self.tmp = free_port(), tmp_path / "out", tmp_path
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.logs = []
+        self.server = self._spawn("serve", str(path), "--bind", self.endpoint, "--insecure",
+                                  "--out", str(self.out), "--quiet", *serve_args, env=env,
+                                  preexec=preexec)  # fmt: skip
+        join = ["join", str(path), "--connect", self.endpoint, "--insecure"]
+        self.workers = [
+            self._spawn(*join, "--agents", a, "--name", f"worker-{i}")
+            for i, a in enumerate(workers)
+        ]
+
+    def _spawn(self, *args: str, env: dict | None = None, preexec=None) -> subprocess.Popen:
+        fh = open(self.tmp / f"p{len(self.logs)}.log", "wb")  # noqa: SIM115
+        self.logs.append(fh)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=preexec, env=env)  # fmt: skip
+
+    def joined(self, n: int, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(e["event"] == "worker_joined" for e in events(self.out)) < n:
+            assert self.server.poll() is None, self.console()
+            assert time.monotonic() < deadline, "the workers did not join"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 180.0) -> int:
+        try:
+            code = self.server.wait(timeout=timeout)
+            for w in self.workers:
+                w.wait(timeout=30)
+            return code
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for p in (self.server, *self.workers):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for fh in self.logs:
+            fh.close()
+
+    def console(self) -> str:
+        return (self.tmp / "p0.log").read_text(errors="replace")
+
+
+# --------------------------------------------------------------------------- frames
+
+
+async def test_a_deeply_nested_control_frame_is_refused_at_decode_and_counted():
+    """A 1,151-byte flush nested 1,000 deep decoded (msgpack allows 1,024 levels) and was
+    merged into the results, whose writing overflowed Python's stack at the end of the repeat
+    (RecursionError, exit 1). The hub refuses it unbuilt past 16 levels and counts it."""
+    import zmq.asyncio
+
+    from foltr_async.distributed import WORKER_CONTROL
+    from foltr_async.runtime.zmqbus import Hub
+
+    got = []
+    hub = Hub("tcp://127.0.0.1:0", keys=None, on_control=lambda p, m: got.append(m["t"]),
+              control=WORKER_CONTROL)  # fmt: skip
+    endpoint = await hub.start()
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.routing_id, sock.linger = b"deep", 0
+    sock.connect(endpoint)
+    deep: object = 0
+    for _ in range(1000):
+        deep = [deep]
+    try:
+        await sock.send_multipart(
+            [
+                b"C",
+                pack_control(
+                    {"t": "hello", "worker": "w", "claims": [0], "host": "h", "pid": 1, "run": 0}
+                ),
+            ]
+        )
+        bomb = pack_control({"t": "flush", "run": 1, "flush": {"extras": {"x": deep}}})
+        assert len(bomb) < 1200
+        await sock.send_multipart([b"C", bomb])
+        await sock.send_multipart([b"C", pack_control({"t": "error", "message": "still here"})])
+        deadline = time.monotonic() + 10
+        while "error" not in got:
+            assert time.monotonic() < deadline, dict(hub.dropped)
+            await asyncio.sleep(0.02)
+        assert hub.dropped["too_deep"] == 1 and got == ["hello", "error"]
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        await hub.close(bye=False)
