@@ -78,7 +78,7 @@ def rss_kb(pid: int) -> int:
 class Rogue(threading.Thread):
     """A peer that says hello claiming ``claims`` and answers the server's control requests
     as a worker would, hosting nothing: ``ready`` lists ``ready_states(run message)``; a
-    model to one of its clients is answered by ``update(round, params)`` (None: no reply);
+    model to one of its clients is answered by the replies ``update(round, params)`` lists;
     ``on_run(rogue)`` runs once the run message came (forged flushes, floods)."""
 
     def __init__(
@@ -88,7 +88,7 @@ class Rogue(threading.Thread):
         *,
         name: str = "rogue",
         ready_states: Callable[[dict], dict] | None = None,
-        update: Callable[[int, np.ndarray], tuple | None] | None = None,
+        update: Callable[[int, np.ndarray], list[tuple]] | None = None,
         on_run: Callable[["Rogue"], None] | None = None,
         quit_after_run: float | None = None,
     ) -> None:
@@ -151,8 +151,7 @@ class Rogue(threading.Thread):
                 if kind == "fpdgd.model":
                     params = msgpack.unpackb(frames[3], ext_hook=_array)["params"]
                     for dst in dsts:
-                        reply = self.update(rnd, params)
-                        if reply is not None:
+                        for reply in self.update(rnd, params):
                             self.send_update(dst, rnd, *reply)
         self.sock.close(0)
         self.ctx.term()
@@ -281,3 +280,59 @@ async def test_a_deeply_nested_control_frame_is_refused_at_decode_and_counted():
         sock.close(linger=0)
         ctx.term()
         await hub.close(bye=False)
+
+
+# --------------------------------------------------------------------------- updates
+
+
+def _bad_updates(rnd: int, params: np.ndarray) -> list[tuple]:
+    """Round by round: one float too many, one too few, empty, NaN, inf, x1e12, 2**64 - 1
+    interactions, each followed by the model it got back (so the round need not wait for its
+    deadline); round 8: that reply alone."""
+    nan, inf = params.copy(), params.copy()
+    nan[0], inf[1] = np.nan, np.inf
+    bad = {
+        1: (np.zeros(params.size + 1), 3),
+        2: (np.zeros(params.size - 1), 3),
+        3: (np.zeros(0), 3),
+        4: (nan, 3),
+        5: (inf, 3),
+        6: (params * 1e12 + 1e12, 3),
+        7: (params.copy(), 2**64 - 1),
+    }
+    return [bad[rnd], (params.copy(), 3)] if rnd in bad else [(params.copy(), 3)]
+
+
+def test_bad_updates_from_a_worker_are_dropped_and_counted_and_the_run_ends(tmp_path, mq2008_dir):
+    """A peer hosting client 3 answers rounds 1-7 with an update one float too long, one too
+    short, empty, with NaN, inf, x1e12 and 2**64 - 1 interactions. The old server crashed in
+    aggregation (ValueError, exit 1), stopped with exit 2 blaming the learning rate, or gave
+    the forged client all of FedAvg's weight, uncounted. Each is dropped before aggregation
+    and counted by reason in results.json; the median aggregator run also ends."""
+    for aggregator in ("fedavg", "median"):
+        tmp = tmp_path / aggregator
+        tmp.mkdir()
+        path = scenario(tmp, mq2008_dir, rounds=8, aggregator=f'"{aggregator}"')
+        live = Live(tmp, path, ["client-0..client-2"])
+        rogue = Rogue(live.endpoint, [3], update=_bad_updates)
+        try:
+            live.joined(1)
+            rogue.start()
+            code = live.finish()
+        finally:
+            rogue.stop.set()
+            live.close()
+        console = live.console()
+        assert code == 0, console[-3000:]
+        assert "learning rate" not in console and "diverged" not in console
+        rep = repeat_of(live.out)
+        dropped = rep["messages"]["dropped"]
+        print(aggregator, {k: v for k, v in dropped.items() if k.startswith("update_")},
+              rep["offline"]["ndcg@10"][-1])  # fmt: skip
+        assert rogue.sent_updates == 15
+        assert dropped["update_wrong_length"] == 3
+        assert dropped["update_not_finite"] == 2
+        assert dropped["update_too_large"] == 1
+        assert dropped["update_interactions"] == 1
+        assert rep["contributions"]["per_round"] == [4] * 8
+        assert all(np.isfinite(rep["offline"]["ndcg@10"]))

@@ -102,6 +102,10 @@ class ServerAgent(Agent):
     def deliver(self, env: Envelope) -> None:  # replies are collected here, other kinds dispatched
         if env.kind == self._reply_kind:
             self.last_kind = env.kind
+            refused = self.strategy.screen(env) if env.kind == self.strategy.reply_kind else None
+            if refused is not None:  # a forged or corrupt reply: dropped and counted by reason
+                self._drop(*refused, env)
+                return
             if self.flgo is None or self.flgo.admit(env, self._take_reply):
                 self._take_reply(env)
             return
