@@ -80,6 +80,7 @@ from foltr_async.runtime.codec import (
 )
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.trust import Measured, RunLedger
 from foltr_async.runtime.zmqbus import (
     DEFAULT_LIMITS,
     HUB_CONTROL,
@@ -92,7 +93,6 @@ from foltr_async.runtime.zmqbus import (
     WorkerKeys,
     WorkerLink,
     make_keys,
-    merge_delivery_stats,
     pack_control,
     stats_delta,
 )
@@ -191,15 +191,6 @@ def wire_limits(scenario: Scenario) -> WireLimits:
 # --------------------------------------------------------------------------- control schemas
 
 
-class _Any(Spec):
-    """Any decoded value: probe extras and oracle truths are the protocol's to read."""
-
-    __slots__ = ()
-
-    def check(self, value: Any) -> Any:
-        return value
-
-
 _STATES = Map(ListOf(Str(), max_len=2))
 _FLUSH = Struct(
     {
@@ -211,13 +202,13 @@ _FLUSH = Struct(
                 "values": Array("float64"),
             }
         ),
-        "extras": Map(_Any()),
+        "extras": Map(Measured(), max_len=64),
         "stats": Struct(
             {
                 "delivered": Int(min=0),
                 "bytes_delivered": Int(min=0),
-                "dropped": Map(Int()),
-                "kinds": Map(ListOf(Int(), max_len=3)),
+                "dropped": Map(Int(min=0), max_len=256),
+                "kinds": Map(ListOf(Int(min=0), max_len=3), max_len=4096),
             }
         ),
     }
@@ -238,7 +229,7 @@ WORKER_CONTROL: dict[str, Struct] = {
     "snapped": _reply(agents=Map(_SAVED), flush=_FLUSH),
     "snapped_part": _reply(agents=Map(_SAVED)),
     "done": _reply(flush=_FLUSH),
-    "oracle": Struct({"t": Str(), "run": Int(), "key": ListOf(_Any()), "value": ListOf(_Any())}),
+    "oracle": Struct({"t": Str(), "run": Int(), "key": Measured(), "value": Measured()}),
     "flush": Struct({"t": Str(), "run": Int(), "flush": _FLUSH}),
 }
 
@@ -325,6 +316,8 @@ class ZmqServer:
         self.run_id = 0
         self.sim: Simulation | None = None
         self.bus: HubBus | None = None
+        #: the current run's record of what each worker was assigned (``runtime.trust``)
+        self.ledger: RunLedger | None = None
         self._pending: dict[int, tuple[bytes, asyncio.Future]] = {}
         self._parts: dict[int, dict] = {}  # request -> saved states of its snapped_parts so far
         self._req = itertools.count(1)
@@ -401,6 +394,7 @@ class ZmqServer:
         self.sim = sim
         self._wall0 = time.perf_counter()
         self._digest = run_digest(sim.cfg, sim.ctx.data)
+        self.ledger = RunLedger(sim, self.bus)
         proxies = self._proxies()
         self.n_clients = len(proxies)
         self._restore = restore or {}
@@ -459,6 +453,7 @@ class ZmqServer:
             }
         if not mine:
             return
+        self.ledger.assign(peer, mine)
         msg = {
             "t": "run",
             "run": self.run_id,
@@ -487,7 +482,7 @@ class ZmqServer:
             self.sim.emit("worker_error", worker=w.name if w else "?", message=reply["message"])
             return
         fresh = [a for a, spec in msg["agents"].items() if spec["blob"] is None]
-        self._apply_states(peer, reply["states"], fresh)
+        self._apply_states(peer, self.ledger.states(peer, reply["states"], msg["agents"]), fresh)
         self._changed.set()
 
     def _apply_states(self, peer: bytes, states: dict, fresh: list[str] = ()) -> None:
@@ -524,8 +519,8 @@ class ZmqServer:
             peer,
             {"t": "act", "run": self.run_id, "agent": agent.id, "action": action, "round": round},
         )
-        if reply is not None and reply["t"] == "ack":
-            self._apply_states(peer, reply["states"])
+        if reply is not None and reply["t"] == "ack" and self.ledger is not None:
+            self._apply_states(peer, self.ledger.states(peer, reply["states"], {agent.id}))
 
     async def snapshot(self, sim: Simulation) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -534,18 +529,19 @@ class ZmqServer:
             reply = await self._request(peer, msg)
             if reply is None or reply["t"] != "snapped":
                 continue
-            self._merge(sim, reply["flush"])
-            out.update(reply["agents"])
+            self.ledger.merge(peer, reply["flush"])
+            out.update(self.ledger.saved(peer, reply["agents"]))
         return out
 
     async def end_run(self, sim: Simulation) -> None:
         try:
+            peers = self._hosting()
             replies = await asyncio.gather(
-                *(self._request(peer, {"t": "end", "run": self.run_id}) for peer in self._hosting())
+                *(self._request(peer, {"t": "end", "run": self.run_id}) for peer in peers)
             )
-            for reply in replies:
+            for peer, reply in zip(peers, replies, strict=True):
                 if reply is not None and reply["t"] == "done":
-                    self._merge(sim, reply["flush"])
+                    self.ledger.merge(peer, reply["flush"])
         finally:
             self.missing = sorted(set(self._proxies()) - self.hosted)
             self.sim = None
@@ -554,7 +550,9 @@ class ZmqServer:
             self._run_counts = {
                 "refused_handshakes": self.hub.refused - refused,
                 "frames_dropped": dict(self.hub.dropped - dropped),
+                "measurements_refused": dict(+self.ledger.refused) if self.ledger else {},
             }
+            self.ledger = None
             self._counts_before = (self.hub.refused, Counter(self.hub.dropped))
             self.hub.warn.flush()
 
@@ -608,26 +606,6 @@ class ZmqServer:
             self._pending.pop(req, None)
             self._parts.pop(req, None)
 
-    def _merge(self, sim: Simulation, flush: dict) -> None:
-        shown = flush["shown"]
-        owners = shown["owners"]
-        sim.probe.add_records(
-            list(
-                zip(
-                    shown["rounds"].tolist(),
-                    [owners[i] for i in shown["owner"].tolist()],
-                    shown["values"].tolist(),
-                    strict=True,
-                )
-            )
-        )
-        for key, value in flush["extras"].items():
-            if isinstance(value, dict) and isinstance(sim.probe.extras.get(key), dict):
-                sim.probe.extras[key].update(value)
-            else:
-                sim.probe.extras[key] = value
-        merge_delivery_stats(sim.bus, flush["stats"])
-
     # ----------------------------------------------------------------- hub callbacks
 
     def _on_control(self, peer: bytes, msg: dict) -> None:
@@ -649,13 +627,13 @@ class ZmqServer:
                 msg["agents"] = {**self._parts.pop(req, {}), **msg["agents"]}
             entry[1].set_result(msg)
             return
-        sim = self.sim
-        if sim is None or msg.get("run") != self.run_id:
+        ledger = self.ledger
+        if ledger is None or msg.get("run") != self.run_id:
             return
         if t == "oracle":
-            sim.probe.oracle[tuple(msg["key"])] = tuple(msg["value"])
+            ledger.oracle(peer, msg["key"], msg["value"])
         elif t == "flush":
-            self._merge(sim, msg["flush"])
+            ledger.merge(peer, msg["flush"])
 
     def _hello(self, peer: bytes, msg: dict) -> None:
         claims = set(msg.get("claims") or [])

@@ -90,6 +90,7 @@ class Rogue(threading.Thread):
         ready_states: Callable[[dict], dict] | None = None,
         update: Callable[[int, np.ndarray], list[tuple]] | None = None,
         on_run: Callable[["Rogue"], None] | None = None,
+        on_welcome: Callable[["Rogue"], None] | None = None,
         quit_after_run: float | None = None,
     ) -> None:
         super().__init__(daemon=True)
@@ -98,6 +99,8 @@ class Rogue(threading.Thread):
             lambda msg: {a: ["joined", "client"] for a in msg["agents"]}
         )
         self.update, self.on_run, self.quit_after_run = update, on_run, quit_after_run
+        self.on_welcome = on_welcome
+        self.done = threading.Event()  # set once on_run / on_welcome returned
         self.run_id = 0
         self.seq = 0
         self.sent_updates = 0
@@ -165,6 +168,7 @@ class Rogue(threading.Thread):
             self.control({"t": "ready", "req": req, "states": self.ready_states(msg)})
             if self.on_run is not None:
                 self.on_run(self)
+                self.done.set()
             return time.monotonic()
         elif t == "act":
             self.control({"t": "ack", "req": req, "states": {msg["agent"]: ["joined", "client"]}})
@@ -172,9 +176,18 @@ class Rogue(threading.Thread):
             self.control({"t": "snapped", "req": req, "agents": {}, "flush": self.flush()})
         elif t == "end":
             self.control({"t": "done", "req": req, "flush": self.flush()})
+        elif t == "welcome" and self.on_welcome is not None:
+            self.on_welcome(self)
+            self.on_welcome = None
+            self.done.set()
         elif t == "bye":
             self.stop.set()
         return None
+
+
+def echo(rnd: int, params: np.ndarray) -> list[tuple]:
+    """An update as plain as it gets: the model back, 3 interactions."""
+    return [(params.copy(), 3)]
 
 
 def _array(code: int, data: bytes):
@@ -336,3 +349,114 @@ def test_bad_updates_from_a_worker_are_dropped_and_counted_and_the_run_ends(tmp_
         assert dropped["update_interactions"] == 1
         assert rep["contributions"]["per_round"] == [4] * 8
         assert all(np.isfinite(rep["offline"]["ndcg@10"]))
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def _forge(rogue: Rogue) -> None:
+    """Flushes that try to overwrite the server's records: results fields and privacy as
+    extras, another worker's client's rankings, a billion deliveries, NaN values."""
+    run = rogue.run_id or 1
+    forged = rogue.flush(
+        shown=(["client-0000", "client-0003"], [0] * 500 + [1] * 500, [1] * 1000,
+               [0.999] * 999 + [float("nan")]),
+        extras={"offline": {"ndcg@10": [0.999]}, "privacy": {"epsilon": 0.001},
+                "messages": {"delivered": 10**9}, "csfltr.measured": {"client-0000": 1},
+                "replay": {"played": 10**6}},
+        stats={"delivered": 10**9, "bytes_delivered": 10**12, "dropped": {}, "kinds": {}},
+    )  # fmt: skip
+    for _ in range(3):
+        rogue.control({"t": "flush", "run": run, "flush": forged})
+    deep: object = 0
+    for _ in range(1000):
+        deep = [deep]
+    rogue.control({"t": "flush", "run": run, "flush": {**forged, "extras": {"x": deep}}})
+    rogue.control({"t": "oracle", "run": run, "key": ["fpdgd.update", "client-0000"],
+                   "value": [1, 2]})  # fmt: skip
+
+
+def test_forged_measurements_change_nothing_the_server_computes(tmp_path, mq2008_dir):
+    """Two peers, one claiming no clients, one hosting client 3, send flushes naming results
+    fields, privacy and message counts as extras, 999 nDCGs of 0.999 for client 0 (another
+    worker's) and for client 3 before it was sent any model, a billion deliveries, a NaN, and
+    one flush nested 1,000 deep. The old server wrote them over its results (nDCG 0.999,
+    epsilon 0.001, 10^9 deliveries, exit 0) or crashed on the deep one. Every results field
+    equals the run's without the forgeries; what was refused is counted."""
+    runs = {}
+    for forged in (False, True):
+        tmp = tmp_path / ("forged" if forged else "honest")
+        tmp.mkdir()
+        path = scenario(tmp, mq2008_dir, rounds=6)
+        live = Live(tmp, path, ["client-0..client-2"])
+        rogues = [
+            Rogue(live.endpoint, [3], name="host", update=echo, on_run=_forge if forged else None),
+            Rogue(live.endpoint, [], name="nobody", on_welcome=_forge if forged else None),
+        ]
+        try:
+            live.joined(1)
+            for r in rogues:
+                r.start()
+            code = live.finish()
+        finally:
+            for r in rogues:
+                r.stop.set()
+            live.close()
+        assert code == 0, live.console()[-3000:]
+        runs[forged] = repeat_of(live.out)
+    honest, forged = runs[False], runs[True]
+    refused = forged["transport"]["measurements_refused"]
+    print("refused:", refused, "frames dropped:", forged["transport"]["frames_dropped"])
+    assert forged.keys() == honest.keys()
+    for key in ("offline", "online", "online_at", "late_replies", "privacy"):
+        assert forged[key] == honest[key], key
+    assert forged["contributions"]["per_round"] == honest["contributions"]["per_round"]
+    hm, fm = dict(honest["messages"]), dict(forged["messages"])
+    assert (fm["sent"], fm["delivered"], fm["bytes_delivered"]) == (
+        hm["sent"], hm["delivered"], hm["bytes_delivered"])  # fmt: skip
+    assert forged["transport"]["frames_dropped"]["too_deep"] == 2
+    assert refused["no_clients"] == 3
+    assert refused["shown_not_its_client"] == 3 * 500
+    assert refused["shown_over_budget"] + refused["shown_bad_value"] == 3 * 500
+    assert refused["stats_over_budget"] == 3
+    assert refused["extras_key"] == 3 * 4 and refused["extras_not_its_client"] == 3
+    assert refused["oracle_unasked"] == 2  # one from each peer
+
+
+def test_a_measurement_flood_stays_within_what_the_worker_s_clients_could_do(tmp_path, mq2008_dir):
+    """20 flushes of 3.6 MB (180,000 displayed rankings each) for the peer's own client: the
+    old server kept them all (141 -> 664 MB, interactions 720 -> 4,000,720). The server takes
+    at most twice the client's interactions per model it sent, so its memory stays flat and
+    the interactions are the honest run's plus at most that budget."""
+    path = scenario(tmp_path, mq2008_dir, rounds=6, round_gap=0.3)
+    live = Live(tmp_path, path, ["client-0..client-2"],
+                env={"MALLOC_MMAP_THRESHOLD_": "131072"})  # fmt: skip
+    n = 180_000
+
+    def flood(rogue: Rogue) -> None:
+        rounds = np.ones(n, dtype=np.int64)
+        for _ in range(20):
+            rogue.control({"t": "flush", "run": rogue.run_id,
+                           "flush": rogue.flush(shown=(["client-0003"], np.zeros(n), rounds,
+                                                       np.full(n, 0.5)))})  # fmt: skip
+
+    rogue = Rogue(live.endpoint, [3], update=echo, on_run=flood)
+    try:
+        live.joined(1)
+        before = rss_kb(live.server.pid)
+        rogue.start()
+        assert rogue.done.wait(60)
+        time.sleep(1.0)
+        after = rss_kb(live.server.pid)
+        code = live.finish()
+    finally:
+        rogue.stop.set()
+        live.close()
+    assert code == 0, live.console()[-3000:]
+    rep = repeat_of(live.out)
+    interactions = rep["online"]["interactions"]
+    print(f"server RSS {before} -> {after} kB, interactions {interactions}")
+    refused = rep["transport"]["measurements_refused"]
+    assert refused["shown_over_budget"] >= 20 * n - 2 * 3 * 6
+    assert interactions <= 3 * 3 * 6 + 2 * 3 * 6  # honest clients' + the budget of client 3
+    assert after - before < 64 * 1024, (before, after)
