@@ -92,6 +92,7 @@ class Rogue(threading.Thread):
         on_run: Callable[["Rogue"], None] | None = None,
         on_welcome: Callable[["Rogue"], None] | None = None,
         quit_after_run: float | None = None,
+        curve: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.endpoint, self.claims, self.name = endpoint, claims, name
@@ -109,6 +110,10 @@ class Rogue(threading.Thread):
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.routing_id = f"{name}@test".encode()
         self.sock.linger = 0
+        if curve is not None:  # (its public key, its secret key, the server's public key)
+            pub, sec, server = curve
+            self.sock.curve_publickey, self.sock.curve_secretkey = pub, sec
+            self.sock.curve_serverkey = server
 
     def control(self, msg: dict) -> None:
         self.sock.send_multipart([b"C", pack_control(msg)])
@@ -200,14 +205,16 @@ class Live:
     """``serve`` and honest ``join`` workers on loopback, their logs in ``tmp_path``."""
 
     def __init__(self, tmp_path: Path, path: Path, workers: list[str], *serve_args: str,
-                 env: dict | None = None, preexec=None) -> None:  # fmt: skip
+                 env: dict | None = None, preexec=None,
+                 keys: Path | None = None) -> None:  # fmt: skip
         self.port, self.out, self.tmp = free_port(), tmp_path / "out", tmp_path
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.logs = []
-        self.server = self._spawn("serve", str(path), "--bind", self.endpoint, "--insecure",
+        auth = ["--insecure"] if keys is None else ["--keys", str(keys)]
+        self.server = self._spawn("serve", str(path), "--bind", self.endpoint, *auth,
                                   "--out", str(self.out), "--quiet", *serve_args, env=env,
                                   preexec=preexec)  # fmt: skip
-        join = ["join", str(path), "--connect", self.endpoint, "--insecure"]
+        join = ["join", str(path), "--connect", self.endpoint, *auth]
         self.workers = [
             self._spawn(*join, "--agents", a, "--name", f"worker-{i}")
             for i, a in enumerate(workers)
@@ -460,3 +467,67 @@ def test_a_measurement_flood_stays_within_what_the_worker_s_clients_could_do(tmp
     assert refused["shown_over_budget"] >= 20 * n - 2 * 3 * 6
     assert interactions <= 3 * 3 * 6 + 2 * 3 * 6  # honest clients' + the budget of client 3
     assert after - before < 64 * 1024, (before, after)
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_a_worker_s_ready_names_only_its_own_clients_so_its_loss_crashes_only_them(
+    tmp_path, mq2008_dir
+):
+    """A peer hosting client 3 answers the run with a ``ready`` that lists clients 0-3, then
+    vanishes. The old server believed the list: the honest worker's clients were marked
+    crashed with the peer, no later round had a contribution and the results said "4 of 4
+    clients were lost with their worker". Now the list is cut to client 3 (counted), and only
+    client 3 is lost."""
+    path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=2.0)
+    live = Live(tmp_path, path, ["client-0..client-2"], "--heartbeat-timeout", "2")
+    every = {f"client-{i:04d}": ["joined", "client"] for i in range(4)}
+    rogue = Rogue(live.endpoint, [3], ready_states=lambda msg: every, update=echo,
+                  quit_after_run=1.5)  # fmt: skip
+    try:
+        live.joined(1)
+        rogue.start()
+        code = live.finish()
+    finally:
+        rogue.stop.set()
+        live.close()
+    assert code == 0, live.console()[-3000:]
+    rep = repeat_of(live.out)
+    per_round = rep["contributions"]["per_round"]
+    print("contributions per round:", per_round, rep["transport"]["measurements_refused"])
+    assert rep["transport"]["clients_lost"] == 1
+    assert rep["transport"]["measurements_refused"]["state_not_its_client"] == 3
+    assert per_round[-1] == 3 and min(per_round) >= 3
+
+
+def test_a_key_says_hello_only_under_its_own_worker_name(tmp_path, mq2008_dir):
+    """With authorised keys, a peer holding worker-1's key says hello as worker-0 (the honest
+    worker's name). The old hub took any name from any key; now the hello is dropped
+    (``name_not_key``), the peer never becomes a worker and its claimed client stays
+    unhosted."""
+    import zmq.auth
+
+    from foltr_async.runtime.zmqbus import make_keys
+
+    keys = tmp_path / "keys"
+    make_keys(keys, workers=2)
+    pub, sec = zmq.auth.load_certificate(str(keys / "worker-1.key_secret"))
+    server, _ = zmq.auth.load_certificate(str(keys / "server.key"))
+    path = scenario(tmp_path, mq2008_dir, rounds=2)
+    live = Live(tmp_path, path, ["client-0..client-2"], "--join-timeout", "4", keys=keys)
+    rogue = Rogue(live.endpoint, [3], name="worker-0", update=echo, curve=(pub, sec, server))
+    try:
+        live.joined(1)
+        rogue.start()
+        code = live.finish()
+    finally:
+        rogue.stop.set()
+        live.close()
+    assert code == 0, live.console()[-3000:]
+    rep = repeat_of(live.out)
+    joined = [e for e in events(live.out) if e["event"] == "worker_joined"]
+    print("frames dropped:", rep["transport"]["frames_dropped"], "joined:", len(joined))
+    assert rep["transport"]["frames_dropped"]["name_not_key"] >= 1
+    assert len(joined) == 1 and rep["transport"]["workers"] == 1
+    assert rep["transport"]["clients_missing"] == 1

@@ -34,8 +34,10 @@ them. Frames of another run than the current one are dropped (``stale_run``).
 
 Security: CurveZMQ. The hub has a key pair and an allow-list of worker public keys checked by a
 ZAP handler; an unknown key is refused at the handshake and logged (``auth_refused``), and the
-refused worker sees ``EVENT_HANDSHAKE_FAILED_AUTH`` and stops with a one-line error. Plaintext
-only when asked for (``security=None``).
+refused worker sees ``EVENT_HANDSHAKE_FAILED_AUTH`` and stops with a one-line error. A key is
+one worker's: the handler names the peer by its key's file name (the frames' ``User-Id``) and a
+hello must say that name, so one key cannot say hello as another worker and take its clients.
+Plaintext only when asked for (``security=None``).
 
 Limits (``WireLimits``, derived by the server from the run): what one peer can make the hub hold
 is at most ``hwm`` frames of at most ``frame`` bytes (``ZMQ_MAXMSGSIZE``: libzmq disconnects a
@@ -689,6 +691,14 @@ async def _zap_handler(
         await sock.send_multipart(reply)
 
 
+def _user_id(parts: list[zmq.Frame]) -> str | None:
+    """The ZAP User-Id of a received message (its sender's key name), if it has one."""
+    try:
+        return parts[-1].get("User-Id")
+    except zmq.ZMQError:
+        return None
+
+
 @dataclass
 class _Peer:
     routing_id: bytes
@@ -705,10 +715,11 @@ class Hub:
     data frames from introduced peers go to ``bus.from_worker`` (the current run's ``HubBus``).
     Frames that cannot be used are counted in ``dropped`` by reason (``bad_frame``,
     ``undecodable``, ``too_deep``, ``bad_control``, ``not_introduced``, ``oversized_control``,
-    ``handler_error``; frames this end could not queue: ``send_queue_full``), each reason logged
-    as a warning at most once per ``limits.log_every`` seconds with its count: a flood of
-    garbage costs a counter, not a log. Counters: ``refused`` handshakes, ``frames_out`` /
-    ``frames_in``, ``bytes_out`` / ``bytes_in``, ``largest_in`` (the largest frame received).
+    ``name_not_key``: a hello naming another worker than its key's, ``handler_error``; frames
+    this end could not queue: ``send_queue_full``), each reason logged as a warning at most
+    once per ``limits.log_every`` seconds with its count: a flood of garbage costs a counter,
+    not a log. Counters: ``refused`` handshakes, ``frames_out`` / ``frames_in``, ``bytes_out``
+    / ``bytes_in``, ``largest_in`` (the largest frame received).
     """
 
     def __init__(
@@ -835,11 +846,16 @@ class Hub:
         is already queued does not yield, so a flood would otherwise starve the heartbeats and
         the run (115 k junk frames in 3 s made every worker think the server was gone)."""
         sock, batch = self._sock, self.limits.batch
+        keyed = self.keys is not None
         while True:
             for _ in range(batch):
-                frames = await sock.recv_multipart()
+                if keyed:  # the frames' User-Id: the name the ZAP handler gave the peer's key
+                    parts = await sock.recv_multipart(copy=False)
+                    frames, user = [f.bytes for f in parts], _user_id(parts)
+                else:
+                    frames, user = await sock.recv_multipart(), None
                 try:
-                    self._dispatch(frames)
+                    self._dispatch(frames, user)
                 except Exception as e:  # a peer's bad frame must never end the hub
                     self.drop(frames[0], "handler_error", f"{type(e).__name__}: {e}")
             await asyncio.sleep(0)
@@ -849,7 +865,7 @@ class Hub:
         self.dropped[reason] += 1
         self.warn("hub_frame_dropped", reason, peer=peer[:64], detail=detail[:200])
 
-    def _dispatch(self, frames: list[bytes]) -> None:
+    def _dispatch(self, frames: list[bytes], user: str | None = None) -> None:
         if self.closing:
             return
         size = sum(len(f) for f in frames)
@@ -901,6 +917,10 @@ class Hub:
             self.drop(peer, "bad_control", f"{msg['t'][:40]}: {why}")
             return
         if msg["t"] == "hello":
+            if user is not None and msg["worker"] != user:
+                # a key is one worker's: another name would let it take that worker's clients
+                self.drop(peer, "name_not_key", f"hello as {msg['worker'][:40]!r}, key of {user!r}")
+                return
             self.peers[peer] = _Peer(peer, time.monotonic(), msg)
         elif known is None:
             # not introduced, or declared lost: ask it to introduce itself (at most once a
