@@ -93,6 +93,7 @@ class Rogue(threading.Thread):
         on_welcome: Callable[["Rogue"], None] | None = None,
         quit_after_run: float | None = None,
         curve: tuple[bytes, bytes, bytes] | None = None,
+        ready_after: float = 0.0,
     ) -> None:
         super().__init__(daemon=True)
         self.endpoint, self.claims, self.name = endpoint, claims, name
@@ -101,6 +102,7 @@ class Rogue(threading.Thread):
         )
         self.update, self.on_run, self.quit_after_run = update, on_run, quit_after_run
         self.on_welcome = on_welcome
+        self.ready_after = ready_after  # seconds before it answers the run (after the others)
         self.done = threading.Event()  # set once on_run / on_welcome returned
         self.run_id = 0
         self.seq = 0
@@ -170,6 +172,7 @@ class Rogue(threading.Thread):
             self.control({"t": "hb"})
         elif t == "run":
             self.run_id = msg["run"]
+            time.sleep(self.ready_after)
             self.control({"t": "ready", "req": req, "states": self.ready_states(msg)})
             if self.on_run is not None:
                 self.on_run(self)
@@ -475,16 +478,16 @@ def test_a_measurement_flood_stays_within_what_the_worker_s_clients_could_do(tmp
 def test_a_worker_s_ready_names_only_its_own_clients_so_its_loss_crashes_only_them(
     tmp_path, mq2008_dir
 ):
-    """A peer hosting client 3 answers the run with a ``ready`` that lists clients 0-3, then
-    vanishes. The old server believed the list: the honest worker's clients were marked
-    crashed with the peer, no later round had a contribution and the results said "4 of 4
-    clients were lost with their worker". Now the list is cut to client 3 (counted), and only
-    client 3 is lost."""
+    """A peer hosting client 3 answers the run (after the honest worker) with a ``ready``
+    that lists clients 0-3, then vanishes. The old server believed the list: the honest
+    worker's clients were marked crashed with the peer, no later round had a contribution
+    and the results said "4 of 4 clients were lost with their worker". Now the list is cut to
+    client 3 (counted), and only client 3 is lost."""
     path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=2.0)
     live = Live(tmp_path, path, ["client-0..client-2"], "--heartbeat-timeout", "2")
     every = {f"client-{i:04d}": ["joined", "client"] for i in range(4)}
     rogue = Rogue(live.endpoint, [3], ready_states=lambda msg: every, update=echo,
-                  quit_after_run=1.5)  # fmt: skip
+                  quit_after_run=1.5, ready_after=5.0)  # fmt: skip
     try:
         live.joined(1)
         rogue.start()
@@ -495,7 +498,7 @@ def test_a_worker_s_ready_names_only_its_own_clients_so_its_loss_crashes_only_th
     assert code == 0, live.console()[-3000:]
     rep = repeat_of(live.out)
     per_round = rep["contributions"]["per_round"]
-    print("contributions per round:", per_round, rep["transport"]["measurements_refused"])
+    print("contributions per round:", per_round, "lost:", rep["transport"]["clients_lost"])
     assert rep["transport"]["clients_lost"] == 1
     assert rep["transport"]["measurements_refused"]["state_not_its_client"] == 3
     assert per_round[-1] == 3 and min(per_round) >= 3

@@ -137,10 +137,11 @@ class RunLedger:
         return out
 
     def oracle(self, peer: bytes, key: list, value: list) -> None:
-        """A truth about one of this worker's clients, for the eavesdroppers' scores."""
+        """A truth about one of this worker's clients (``key``: kind, client id, ...), for the
+        eavesdroppers' scores."""
         if not self.sim.probe.oracle_read:
             self.refused["oracle_unasked"] += 1
-        elif len(key) != 2 or type(key[0]) is not str or key[1] not in self.own(peer):
+        elif len(key) < 2 or type(key[0]) is not str or key[1] not in self.own(peer):
             self.refused["oracle_not_its_client"] += 1
         else:
             self.sim.probe.oracle[tuple(key)] = tuple(value)
