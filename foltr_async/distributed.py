@@ -290,6 +290,7 @@ class ZmqServer:
         stop: Callable[[], Any] | None = None,
         check: Callable[[], None] | None = None,
         limits: WireLimits = DEFAULT_LIMITS,
+        max_empty_rounds: int = 3,
     ) -> None:
         #: worker -> its unanswered run request (it builds the run's agents meanwhile: the hub
         #: does not count its silence)
@@ -338,6 +339,11 @@ class ZmqServer:
         self.lost: set[str] = set()
         self.missing: list[str] = []
         self.n_clients = 0  # clients the workers host in this run
+        #: rounds in a row (over runs) with no client online to ask; at ``max_empty_rounds``
+        #: the run stops there, and later runs stop after their first such round
+        self.max_empty_rounds = max_empty_rounds
+        self.empty_rounds = 0
+        self.stopped_at: int | None = None  # this run's round where it stopped so
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -395,6 +401,10 @@ class ZmqServer:
         self._wall0 = time.perf_counter()
         self._digest = run_digest(sim.cfg, sim.ctx.data)
         self.ledger = RunLedger(sim, self.bus)
+        self.stopped_at = None
+        sim.server.wait_empty = False  # real time: an empty round would only wait
+        sim.server.stop_when = self._stop_when_idle
+        idle = self.empty_rounds >= self.max_empty_rounds  # nobody came to the last run
         proxies = self._proxies()
         self.n_clients = len(proxies)
         self._restore = restore or {}
@@ -416,7 +426,7 @@ class ZmqServer:
                 break
             if self._check is not None:
                 self._check()
-            if loop.time() >= deadline:
+            if loop.time() >= deadline or idle:
                 self.late = set(missing)
                 sim.emit(
                     "agents_missing",
@@ -431,6 +441,16 @@ class ZmqServer:
         self._restore = {}
         for p in proxies.values():
             sim.observer.agent_changed(p.id, p.role, p.state, p.rounds_joined, None)
+
+    def _stop_when_idle(self, report: Any) -> bool:
+        """After ``max_empty_rounds`` rounds in a row with nobody to ask, stop the run there
+        (its results so far are kept; the CLI says so and exits 3)."""
+        self.empty_rounds = self.empty_rounds + 1 if report.selected == 0 else 0
+        if self.empty_rounds < self.max_empty_rounds:
+            return False
+        self.stopped_at = report.round
+        self.sim.emit("stopped_idle", round=report.round, empty_rounds=self.empty_rounds)
+        return True
 
     def _send_run(self, peer: bytes) -> None:
         """Give a worker its share of the current run's clients (in a new run or on rejoin)."""
@@ -581,6 +601,7 @@ class ZmqServer:
             "clients_late": len(self.late - set(self.missing)),
             "clients_lost": len(self.lost),
             "largest_frame_in": self.hub.largest_in,
+            "stopped_idle_at": self.stopped_at,
             **self._run_counts,
         }
 

@@ -534,3 +534,30 @@ def test_a_key_says_hello_only_under_its_own_worker_name(tmp_path, mq2008_dir):
     assert rep["transport"]["frames_dropped"]["name_not_key"] >= 1
     assert len(joined) == 1 and rep["transport"]["workers"] == 1
     assert rep["transport"]["clients_missing"] == 1
+
+
+# --------------------------------------------------------------------------- nobody online
+
+
+def test_serve_with_no_worker_stops_after_the_stated_empty_rounds_and_exits_3(tmp_path, mq2008_dir):
+    """No worker ever joins a 30-round scenario with a 60 s deadline: the old server waited
+    every round's deadline (30 minutes) before exit 3. An empty round ends at once, and after
+    ``--max-empty-rounds`` of them in a row the run stops with one line and exit 3, its
+    results so far written."""
+    path = scenario(tmp_path, mq2008_dir, rounds=30, deadline=60.0)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [*CLI, "serve", str(path), "--bind", f"tcp://127.0.0.1:{free_port()}", "--insecure",
+         "--join-timeout", "1", "--max-empty-rounds", "4", "--out", str(out), "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("error: stopped")]
+    assert lines == [
+        "error: stopped (default repeat 0 at round 4): 4 rounds in a row had no client online, "
+        f"no worker hosts them (--max-empty-rounds; results kept in {out})"
+    ]
+    rep = repeat_of(out)
+    assert rep["contributions"]["per_round"] == [0, 0, 0, 0]
+    assert rep["transport"]["stopped_idle_at"] == 4

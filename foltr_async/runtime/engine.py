@@ -90,6 +90,11 @@ class ServerAgent(Agent):
             secure.attach(self)
         #: FLGo's system models (None: off): who is available, dropped replies, latencies
         self.flgo = flgo
+        #: whether a round with nobody to ask lasts its deadline (in virtual time availability
+        #: may change meanwhile; a real-time server with no worker online would only wait)
+        self.wait_empty = True
+        #: asked after every round: True ends the phase there (a server nobody serves)
+        self.stop_when: Callable[[RoundReport], bool] | None = None
 
     def on(self, kind: str, handler: Callable[[Envelope], None]) -> None:
         """Handle another message kind besides the round replies, as it is delivered: the
@@ -189,7 +194,7 @@ class ServerAgent(Agent):
                         await self._all_in.wait()
                 except TimeoutError:
                     pass
-            else:  # nobody to ask: the round still lasts its deadline (availability may change)
+            elif self.wait_empty:  # nobody to ask: the round lasts its deadline all the same
                 await asyncio.sleep(self.plan.deadline)
             if self.flgo is not None:
                 self.flgo.close_round()
@@ -225,6 +230,8 @@ class ServerAgent(Agent):
                 self._after_round(report)
             if self._checkpoint is not None:
                 await self._checkpoint(report)
+            if self.stop_when is not None and self.stop_when(report):
+                break
             if self.plan.round_gap:
                 await asyncio.sleep(self.plan.round_gap)
         return reports
