@@ -561,3 +561,43 @@ def test_serve_with_no_worker_stops_after_the_stated_empty_rounds_and_exits_3(tm
     rep = repeat_of(out)
     assert rep["contributions"]["per_round"] == [0, 0, 0, 0]
     assert rep["transport"]["stopped_idle_at"] == 4
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def test_junk_data_frames_are_counted_with_a_log_line_per_reason_not_per_frame(
+    tmp_path, mq2008_dir
+):
+    """A peer sends 6,000 junk data frames (random bytes, another run's frames, envelopes as
+    an agent it does not host) while the run trains: every one is a counted drop in
+    results.json, and events.jsonl gets a line per reason (and one more per 10 s), not a
+    line per frame (the old hub: 36 k frames in 3 s wrote 7.1 MB of events)."""
+    path = scenario(tmp_path, mq2008_dir, rounds=6, round_gap=0.3)
+    live = Live(tmp_path, path, ["client-0..client-3"])
+    rng = np.random.default_rng(3)
+    forged = encode(Envelope(UPDATE, "client-0001", "server",
+                             {"params": np.zeros(46), "n_interactions": 3}, 1, 1, 0.0))  # fmt: skip
+
+    def junk(rogue: Rogue) -> None:
+        for _ in range(2000):
+            rogue.sock.send_multipart([b"M", RUN.pack(1, 0.0), b"server", rng.bytes(40)])
+            rogue.sock.send_multipart([b"M", RUN.pack(7, 0.0), b"server", forged])
+            rogue.sock.send_multipart([b"M", RUN.pack(1, 0.0), b"server", forged])
+
+    rogue = Rogue(live.endpoint, [], on_welcome=junk)
+    try:
+        live.joined(1)
+        rogue.start()
+        code = live.finish()
+    finally:
+        rogue.stop.set()
+        live.close()
+    assert code == 0, live.console()[-3000:]
+    dropped = repeat_of(live.out)["messages"]["dropped"]
+    lines = [e for e in events(live.out) if e["event"] in ("drop", "hub_data_dropped")]
+    size = (live.out / "events.jsonl").stat().st_size
+    print(f"dropped {dropped}, {len(lines)} log lines, events.jsonl {size} bytes")
+    assert dropped["stale_run"] == dropped["unauthenticated"] == 2000
+    assert sum(dropped.values()) == 6000
+    assert len(lines) <= 4 * len(dropped)

@@ -493,31 +493,36 @@ class HubBus(MemoryBus):
         self.routed[worker] += 1
         self.routed_bytes[worker] += n
 
+    def junk(
+        self, reason: str, detail: str, src: str | None, dst: str | None, kind: str | None
+    ) -> None:
+        """A peer's data frame that is no message of the run (undecodable, of another run, from
+        an agent its worker does not host): counted as a drop, logged as the hub's warnings
+        are (a line per reason at most every ``log_every`` s, with the count since), not one
+        event each (36 k junk frames in 3 s wrote 7.1 MB of events)."""
+        self.stats.injected += 1
+        self.stats.dropped[reason] += 1
+        if kind is not None:
+            self.stats.kind(kind).dropped += 1
+        self.hub.warn("hub_data_dropped", reason, src=src, detail=detail[:200])
+        for fn in self._drop_listeners:
+            fn(reason, detail, src, dst, kind)
+
     def from_worker(self, worker: bytes, run: int, data: bytes) -> None:
         """Bytes an agent of ``worker`` sent: check, count and route them like a local send."""
         self.received += 1
         if run != self.run_id:
-            self.stats.injected += 1
-            self.report_drop(
-                "stale_run", f"frame of run {run} during run {self.run_id}", None, None, None
-            )
+            self.junk("stale_run", f"frame of run {run} during run {self.run_id}", None, None, None)
             return
         try:
             env = decode(data, self.registry, self.max_bytes)
         except DropMessage as e:
             h = e.header
-            self.stats.injected += 1
-            self.report_drop(
-                e.reason,
-                e.detail,
-                h.src if h else None,
-                h.dst if h else None,
-                h.kind if h else None,
-            )
+            src, dst, kind = (h.src, h.dst, h.kind) if h else (None, None, None)
+            self.junk(e.reason, e.detail, src, dst, kind)
             return
         if self._where.get(env.src) != worker:
-            self.stats.injected += 1
-            self.report_drop(
+            self.junk(
                 "unauthenticated",
                 f"{env.src} is not hosted by the sending worker",
                 env.src,
@@ -890,8 +895,7 @@ class Hub:
             try:
                 run, _ = _RUN.unpack(frames[2])
             except struct.error:
-                bus.stats.injected += 1
-                bus.report_drop("malformed", "bad frame header", None, None, None)
+                bus.junk("malformed", "bad frame header", None, None, None)
                 return
             bus.from_worker(peer, run, frames[4])
             return
