@@ -601,3 +601,37 @@ def test_junk_data_frames_are_counted_with_a_log_line_per_reason_not_per_frame(
     assert dropped["stale_run"] == dropped["unauthenticated"] == 2000
     assert sum(dropped.values()) == 6000
     assert len(lines) <= 4 * len(dropped)
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def test_many_plain_tcp_connections_leave_the_server_its_files(tmp_path, mq2008_dir):
+    """Scaled down: a server started with a soft limit of 128 open files (hard 4,096) and 300
+    plain TCP connections to its port held open while it trains and checkpoints every round.
+    The old server had no descriptor left for its checkpoint (at 1,024 files: 1,100
+    connections) and crashed; it raises its soft limit to the hard one at the start."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 4096))
+
+    path = scenario(tmp_path, mq2008_dir, rounds=6, round_gap=0.3)
+    live = Live(tmp_path, path, ["client-0..client-3"], "--checkpoint-every", "1",
+                preexec=low_limit)  # fmt: skip
+    conns = []
+    try:
+        live.joined(1)
+        for _ in range(300):
+            try:
+                conns.append(socket.create_connection(("127.0.0.1", live.port)))
+            except ConnectionRefusedError:  # the server is gone
+                break
+        code = live.finish()
+    finally:
+        for c in conns:
+            c.close()
+        live.close()
+    assert code == 0, live.console()[-3000:]
+    assert len(conns) == 300 and (live.out / "checkpoint.pkl").exists()
+    assert repeat_of(live.out)["contributions"]["per_round"] == [4] * 6

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import socket
 import struct
 import time
@@ -704,6 +705,24 @@ def _user_id(parts: list[zmq.Frame]) -> str | None:
         return None
 
 
+def raise_fd_limit(most: int = 1 << 20) -> int:
+    """Raise this process's soft limit of open files to its hard limit (at most ``most``);
+    returns the soft limit then in force.
+
+    Every TCP connection to the hub holds a file descriptor, and anyone who can reach the port
+    can open connections (a key is checked only after the connection is up): at the usual soft
+    limit of 1,024, 1,100 plain connections left the server no descriptor for its own files
+    (a checkpoint, results) and it crashed. libzmq itself survives running out (it refuses
+    the connection), so the server only needs room for its files beside the connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = most if hard == resource.RLIM_INFINITY else min(hard, most)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return want
+    return soft
+
+
 @dataclass
 class _Peer:
     routing_id: bytes
@@ -768,6 +787,7 @@ class Hub:
 
     async def start(self) -> str:
         """Bind and start serving; returns the bound endpoint (a ``:0`` port resolved)."""
+        raise_fd_limit()
         ctx = self._ctx = zmq.asyncio.Context()
         if self.keys is not None:
             zap = ctx.socket(zmq.REP)
