@@ -98,6 +98,9 @@ def worker_extras(key: str, merge: str) -> None:
     WORKER_EXTRAS[key] = merge
 
 
+worker_extras("replay", "counters")  # a replaying client's counts (simulation.replay_partition)
+
+
 @dataclass
 class Probe(Checkpointed):
     """Simulator-side measurements (never sent as messages): the online metric and extras.

@@ -25,7 +25,6 @@ from foltr_async.contract import (
     RunContext,
     assign_queries,
     partitioner,
-    worker_extras,
 )
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.ltr.clicks import grade_scale
@@ -123,9 +122,6 @@ def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]
             seen[key] = (int(rows.size), frozenset(np.unique(train.labels[rows]).tolist()))
         out.append(FlgoClient(aid, *seen[key], ctx.batch_of(aid)))
     return out
-
-
-worker_extras("replay", "counters")  # a replaying client's counts, kept where it runs
 
 
 def replay_partition(logs: tuple[UserLog, ...], time_scale: float, probe: Probe) -> Partition:

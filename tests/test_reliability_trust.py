@@ -635,3 +635,48 @@ def test_many_plain_tcp_connections_leave_the_server_its_files(tmp_path, mq2008_
     assert code == 0, live.console()[-3000:]
     assert len(conns) == 300 and (live.out / "checkpoint.pkl").exists()
     assert repeat_of(live.out)["contributions"]["per_round"] == [4] * 6
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+def test_the_ledger_adds_up_workers_counters_and_keeps_clients_entries_apart():
+    """Two workers report cumulative replay counters (the old server kept only the last
+    report, overwriting the other worker's and its own); per-client tables take only each
+    worker's own clients; reported states only of the clients asked."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from foltr_async.contract import Probe
+    from foltr_async.runtime.bus import MessageStats
+    from foltr_async.runtime.codec import REGISTRY
+    from foltr_async.runtime.trust import RunLedger
+
+    probe = Probe()
+    probe.extras["replay"] = {"played": 5, "empty_updates": 0}
+    ctx = SimpleNamespace(batch_of=lambda aid: 3, client_data=lambda aid: None)
+    bus = SimpleNamespace(sent_to=Counter({"client-0000": 10, "client-0001": 10}),
+                          routed=Counter(), routed_bytes=Counter(), registry=REGISTRY,
+                          stats=MessageStats())  # fmt: skip
+    ledger = RunLedger(SimpleNamespace(probe=probe, ctx=ctx), bus)
+    ledger.assign(b"a", ["client-0000"])
+    ledger.assign(b"b", ["client-0001"])
+    empty = {"owners": [], "owner": np.zeros(0, np.int32), "rounds": np.zeros(0, np.int64),
+             "values": np.zeros(0)}  # fmt: skip
+    stats = {"delivered": 0, "bytes_delivered": 0, "dropped": {}, "kinds": {}}
+
+    def flush(played: int, table: dict) -> dict:
+        return {"shown": empty, "stats": stats,
+                "extras": {"replay": {"played": played}, "csfltr.measured": table}}  # fmt: skip
+
+    ledger.merge(b"a", flush(2, {"client-0000": {"n": 1}, "client-0001": {"n": 9}}))
+    ledger.merge(b"b", flush(4, {"client-0001": {"n": 2}}))
+    ledger.merge(b"a", flush(3, {"client-0000": {"n": 3}}))  # cumulative: 3 in all, not 5
+    assert probe.extras["replay"] == {"played": 5 + 3 + 4, "empty_updates": 0}
+    assert probe.extras["csfltr.measured"] == {"client-0000": {"n": 3}, "client-0001": {"n": 2}}
+    said = {"client-0000": ["joined", "client"], "client-0001": ["crashed", "client"]}
+    asked = ledger.states(b"a", said, {"client-0000"})
+    assert asked == {"client-0000": ["joined", "client"]}
+    assert +ledger.refused == {"extras_not_its_client": 1, "state_not_its_client": 1}
+    ledger.assign(b"b", ["client-0000"])  # re-hosted: worker a may no longer report it
+    assert ledger.own(b"a") == set()

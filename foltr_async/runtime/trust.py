@@ -96,13 +96,13 @@ class RunLedger:
         self._delivered: Counter[bytes] = Counter()  # worker -> deliveries and drops taken
         self._bytes: Counter[bytes] = Counter()
         extras = sim.probe.extras
-        #: the server's own counters at the start (workers' counts are added to these)
+        #: the counters the server holds (workers' counts are added to them)
         self._base = {
             k: dict(extras[k])
             for k, how in WORKER_EXTRAS.items()
             if how == "counters" and isinstance(extras.get(k), dict)
         }
-        self._counts: dict[tuple[str, bytes], dict[str, int]] = {}
+        self._counts: dict[tuple[str, bytes], dict[str, int]] = {}  # each worker's latest
 
     # ----------------------------------------------------------------- assignment
 
@@ -252,10 +252,11 @@ class RunLedger:
             ):
                 self.refused["extras_counters"] += 1
                 return
+            # the workers' counts are cumulative: add what this report adds to its last one
+            last = self._counts.get((key, peer), {})
             self._counts[key, peer] = dict(value)
-            extras[key] = {
-                name: start + sum(c.get(name, 0) for (k, _), c in self._counts.items() if k == key)
-                for name, start in base.items()
-            }
+            table = extras.setdefault(key, {})
+            for name in base:
+                table[name] = table.get(name, 0) + value.get(name, 0) - last.get(name, 0)
         else:
             self.refused["extras_key"] += 1
