@@ -22,7 +22,10 @@ Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus
     hub -> worker   bye                       (the experiment is over: exit)
 
 A *flush* carries what the worker measured since its last flush: displayed-ranking records
-(the online metric), delivery counters and (at a checkpoint or the end) probe extras. One goes
+(the online metric), delivery counters and (at a checkpoint or the end) probe extras. A worker
+is not trusted: its replies and flushes are merged only as far as they are about the clients
+the server assigned it and within what those could have done (``runtime.trust.RunLedger``;
+docs/SECURITY.md). One goes
 ahead of every message a client sends when anything changed, so a killed worker's interactions
 behind every update the server received are counted. The server does not start round 1
 before every expected client is running (or ``join_timeout`` passes: the missing ones are

@@ -44,8 +44,11 @@ is at most ``hwm`` frames of at most ``frame`` bytes (``ZMQ_MAXMSGSIZE``: libzmq
 peer that sends more); below that, the codec's size limit drops and counts data. A control frame
 from a peer that has not said hello must be a hello of at most ``hello`` bytes claiming at most
 ``clients`` clients; every control frame is unpacked with msgpack's length limits, so a few bytes
-cannot ask for millions of objects. The receive loop handles at most ``batch`` frames per turn of
-the event loop, so a flood of junk costs counters, not heartbeats. Sends to a worker whose queue
+cannot ask for millions of objects, and refused past ``depth`` levels of nesting. The receive
+loop handles at most ``batch`` frames per turn of the event loop, so a flood of junk costs
+counters, not heartbeats; junk data frames are counted drops with a rate-limited log line.
+The hub raises the process's soft open-files limit to the hard one, so many connections leave
+the server descriptors for its own files. Sends to a worker whose queue
 is full are dropped and counted (``send_queue_full``), never queued without bound.
 """
 
