@@ -407,6 +407,7 @@ class ZmqServer:
         self.stopped_at = None
         sim.server.wait_empty = False  # real time: an empty round would only wait
         sim.server.stop_when = self._stop_when_idle
+        sim.server.untrusted = lambda src: self.bus.hosted_by(src) is not None
         idle = self.empty_rounds >= self.max_empty_rounds  # nobody came to the last run
         proxies = self._proxies()
         self.n_clients = len(proxies)
