@@ -91,6 +91,14 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
             help="key folder (python -m foltr_async keys init): server.key_secret and "
             "the authorised worker keys in authorized/",
         )
+        p.add_argument(
+            "--max-empty-rounds",
+            type=int,
+            default=3,
+            metavar="N",
+            help="stop the run (exit 3, results so far kept) after N rounds in a row with no "
+            "client online to ask (no worker hosts them; default 3); such rounds end at once",
+        )
     else:
         p.add_argument(
             "--transport",
@@ -375,6 +383,20 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             if hostile:
                 counts = ", ".join(f"{k} {v}" for k, v in sorted(hostile.items()))
                 print(f"  {name} repeat {rep.get('repeat')}: at the hub: {counts}")
+    idle_stops = [
+        f"{name} repeat {rep.get('repeat')} at round {rep['transport']['stopped_idle_at']}"
+        for name, entry in variants.items()
+        for rep in entry["repeats"]
+        if (rep.get("transport") or {}).get("stopped_idle_at") is not None
+    ]
+    if idle_stops:
+        print(
+            f"error: stopped ({'; '.join(idle_stops)}): "
+            f"{getattr(args, 'max_empty_rounds', 3)} rounds in a row "
+            f"had no client online, no worker hosts them (--max-empty-rounds; results kept in "
+            f"{out})",
+            file=sys.stderr,
+        )
     unmet = not_as_asked(variants)
     for line in unmet["lines"]:
         print(f"warning: {line}", file=sys.stderr)
@@ -397,7 +419,7 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             f"hosted them, so nothing was measured (results kept in {out})",
             file=sys.stderr,
         )
-    return NO_RESULT if idle or unmeasured or unmet["no_clients"] else 0
+    return NO_RESULT if idle or unmeasured or unmet["no_clients"] or idle_stops else 0
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
@@ -413,7 +435,17 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
                 "--insecure for plaintext without authentication"
             )
         keys = None if args.insecure else load_server_keys(args.keys)
-        return ZmqServer(args.bind, keys=keys, limits=wire_limits(scenario), **common)
+        if args.max_empty_rounds < 1:
+            raise FoltrError(
+                f"--max-empty-rounds: expected an integer >= 1, got {args.max_empty_rounds}"
+            )
+        return ZmqServer(
+            args.bind,
+            keys=keys,
+            limits=wire_limits(scenario),
+            max_empty_rounds=args.max_empty_rounds,
+            **common,
+        )
     scenario_args = [str(args.scenario)]
     for flag, values in (("--set", args.sets), ("--only", args.only)):
         scenario_args += [a for v in values for a in (flag, v)]

@@ -84,6 +84,23 @@ def model_message_bytes(cfg: dict, data: Datasets) -> int:
     return size
 
 
+#: Probe extras a worker may report about its own clients, and how the server merges them:
+#: ``"per_client"``, a table keyed by client id (a worker's entry for one of its own clients
+#: replaces that client's last one), or ``"counters"``, named counts the server holds too (each
+#: worker's latest counts are added to the server's own). A worker's other extras are refused.
+WORKER_EXTRAS: dict[str, str] = {}
+
+
+def worker_extras(key: str, merge: str) -> None:
+    """Declare that workers may report ``probe.extras[key]``, merged as ``merge`` says."""
+    if merge not in ("per_client", "counters"):
+        raise ValueError(f"worker_extras: merge must be 'per_client' or 'counters', got {merge!r}")
+    WORKER_EXTRAS[key] = merge
+
+
+worker_extras("replay", "counters")  # a replaying client's counts (simulation.replay_partition)
+
+
 @dataclass
 class Probe(Checkpointed):
     """Simulator-side measurements (never sent as messages): the online metric and extras.
@@ -312,6 +329,14 @@ class RunContext:
         if own is not None and own.batch is not None:
             return own.batch
         return self.queries_per_client
+
+    def most_interactions(self, agent_id: str) -> int:
+        """The most interactions one update of a client may report: its batch, or with a
+        replayed log every query its user issued."""
+        own = self.client_data(agent_id)
+        if own is not None and own.arrivals is not None:
+            return max(self.batch_of(agent_id), len(own.queries))
+        return self.batch_of(agent_id)
 
     def local_work(self, agent_id: str, batch: int) -> int:
         """Interactions a client's next training does out of its ``batch`` (FLGo's

@@ -22,7 +22,10 @@ Control protocol (simulator messages, not a protocol's; ``C`` frames of ``zmqbus
     hub -> worker   bye                       (the experiment is over: exit)
 
 A *flush* carries what the worker measured since its last flush: displayed-ranking records
-(the online metric), delivery counters and (at a checkpoint or the end) probe extras. One goes
+(the online metric), delivery counters and (at a checkpoint or the end) probe extras. A worker
+is not trusted: its replies and flushes are merged only as far as they are about the clients
+the server assigned it and within what those could have done (``runtime.trust.RunLedger``;
+docs/SECURITY.md). One goes
 ahead of every message a client sends when anything changed, so a killed worker's interactions
 behind every update the server received are counted. The server does not start round 1
 before every expected client is running (or ``join_timeout`` passes: the missing ones are
@@ -80,6 +83,7 @@ from foltr_async.runtime.codec import (
 )
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.trust import Measured, RunLedger
 from foltr_async.runtime.zmqbus import (
     DEFAULT_LIMITS,
     HUB_CONTROL,
@@ -92,7 +96,6 @@ from foltr_async.runtime.zmqbus import (
     WorkerKeys,
     WorkerLink,
     make_keys,
-    merge_delivery_stats,
     pack_control,
     stats_delta,
 )
@@ -191,15 +194,6 @@ def wire_limits(scenario: Scenario) -> WireLimits:
 # --------------------------------------------------------------------------- control schemas
 
 
-class _Any(Spec):
-    """Any decoded value: probe extras and oracle truths are the protocol's to read."""
-
-    __slots__ = ()
-
-    def check(self, value: Any) -> Any:
-        return value
-
-
 _STATES = Map(ListOf(Str(), max_len=2))
 _FLUSH = Struct(
     {
@@ -211,13 +205,13 @@ _FLUSH = Struct(
                 "values": Array("float64"),
             }
         ),
-        "extras": Map(_Any()),
+        "extras": Map(Measured(), max_len=64),
         "stats": Struct(
             {
                 "delivered": Int(min=0),
                 "bytes_delivered": Int(min=0),
-                "dropped": Map(Int()),
-                "kinds": Map(ListOf(Int(), max_len=3)),
+                "dropped": Map(Int(min=0), max_len=256),
+                "kinds": Map(ListOf(Int(min=0), max_len=3), max_len=4096),
             }
         ),
     }
@@ -238,7 +232,7 @@ WORKER_CONTROL: dict[str, Struct] = {
     "snapped": _reply(agents=Map(_SAVED), flush=_FLUSH),
     "snapped_part": _reply(agents=Map(_SAVED)),
     "done": _reply(flush=_FLUSH),
-    "oracle": Struct({"t": Str(), "run": Int(), "key": ListOf(_Any()), "value": ListOf(_Any())}),
+    "oracle": Struct({"t": Str(), "run": Int(), "key": Measured(), "value": Measured()}),
     "flush": Struct({"t": Str(), "run": Int(), "flush": _FLUSH}),
 }
 
@@ -299,6 +293,7 @@ class ZmqServer:
         stop: Callable[[], Any] | None = None,
         check: Callable[[], None] | None = None,
         limits: WireLimits = DEFAULT_LIMITS,
+        max_empty_rounds: int = 3,
     ) -> None:
         #: worker -> its unanswered run request (it builds the run's agents meanwhile: the hub
         #: does not count its silence)
@@ -325,6 +320,8 @@ class ZmqServer:
         self.run_id = 0
         self.sim: Simulation | None = None
         self.bus: HubBus | None = None
+        #: the current run's record of what each worker was assigned (``runtime.trust``)
+        self.ledger: RunLedger | None = None
         self._pending: dict[int, tuple[bytes, asyncio.Future]] = {}
         self._parts: dict[int, dict] = {}  # request -> saved states of its snapped_parts so far
         self._req = itertools.count(1)
@@ -345,6 +342,11 @@ class ZmqServer:
         self.lost: set[str] = set()
         self.missing: list[str] = []
         self.n_clients = 0  # clients the workers host in this run
+        #: rounds in a row (over runs) with no client online to ask; at ``max_empty_rounds``
+        #: the run stops there, and later runs stop after their first such round
+        self.max_empty_rounds = max_empty_rounds
+        self.empty_rounds = 0
+        self.stopped_at: int | None = None  # this run's round where it stopped so
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -401,6 +403,12 @@ class ZmqServer:
         self.sim = sim
         self._wall0 = time.perf_counter()
         self._digest = run_digest(sim.cfg, sim.ctx.data)
+        self.ledger = RunLedger(sim, self.bus)
+        self.stopped_at = None
+        sim.server.wait_empty = False  # real time: an empty round would only wait
+        sim.server.stop_when = self._stop_when_idle
+        sim.server.untrusted = lambda src: self.bus.hosted_by(src) is not None
+        idle = self.empty_rounds >= self.max_empty_rounds  # nobody came to the last run
         proxies = self._proxies()
         self.n_clients = len(proxies)
         self._restore = restore or {}
@@ -422,7 +430,7 @@ class ZmqServer:
                 break
             if self._check is not None:
                 self._check()
-            if loop.time() >= deadline:
+            if loop.time() >= deadline or idle:
                 self.late = set(missing)
                 sim.emit(
                     "agents_missing",
@@ -437,6 +445,16 @@ class ZmqServer:
         self._restore = {}
         for p in proxies.values():
             sim.observer.agent_changed(p.id, p.role, p.state, p.rounds_joined, None)
+
+    def _stop_when_idle(self, report: Any) -> bool:
+        """After ``max_empty_rounds`` rounds in a row with nobody to ask, stop the run there
+        (its results so far are kept; the CLI says so and exits 3)."""
+        self.empty_rounds = self.empty_rounds + 1 if report.selected == 0 else 0
+        if self.empty_rounds < self.max_empty_rounds:
+            return False
+        self.stopped_at = report.round
+        self.sim.emit("stopped_idle", round=report.round, empty_rounds=self.empty_rounds)
+        return True
 
     def _send_run(self, peer: bytes) -> None:
         """Give a worker its share of the current run's clients (in a new run or on rejoin)."""
@@ -459,6 +477,7 @@ class ZmqServer:
             }
         if not mine:
             return
+        self.ledger.assign(peer, mine)
         msg = {
             "t": "run",
             "run": self.run_id,
@@ -487,7 +506,7 @@ class ZmqServer:
             self.sim.emit("worker_error", worker=w.name if w else "?", message=reply["message"])
             return
         fresh = [a for a, spec in msg["agents"].items() if spec["blob"] is None]
-        self._apply_states(peer, reply["states"], fresh)
+        self._apply_states(peer, self.ledger.states(peer, reply["states"], msg["agents"]), fresh)
         self._changed.set()
 
     def _apply_states(self, peer: bytes, states: dict, fresh: list[str] = ()) -> None:
@@ -524,8 +543,8 @@ class ZmqServer:
             peer,
             {"t": "act", "run": self.run_id, "agent": agent.id, "action": action, "round": round},
         )
-        if reply is not None and reply["t"] == "ack":
-            self._apply_states(peer, reply["states"])
+        if reply is not None and reply["t"] == "ack" and self.ledger is not None:
+            self._apply_states(peer, self.ledger.states(peer, reply["states"], {agent.id}))
 
     async def snapshot(self, sim: Simulation) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -534,18 +553,19 @@ class ZmqServer:
             reply = await self._request(peer, msg)
             if reply is None or reply["t"] != "snapped":
                 continue
-            self._merge(sim, reply["flush"])
-            out.update(reply["agents"])
+            self.ledger.merge(peer, reply["flush"])
+            out.update(self.ledger.saved(peer, reply["agents"]))
         return out
 
     async def end_run(self, sim: Simulation) -> None:
         try:
+            peers = self._hosting()
             replies = await asyncio.gather(
-                *(self._request(peer, {"t": "end", "run": self.run_id}) for peer in self._hosting())
+                *(self._request(peer, {"t": "end", "run": self.run_id}) for peer in peers)
             )
-            for reply in replies:
+            for peer, reply in zip(peers, replies, strict=True):
                 if reply is not None and reply["t"] == "done":
-                    self._merge(sim, reply["flush"])
+                    self.ledger.merge(peer, reply["flush"])
         finally:
             self.missing = sorted(set(self._proxies()) - self.hosted)
             self.sim = None
@@ -554,7 +574,9 @@ class ZmqServer:
             self._run_counts = {
                 "refused_handshakes": self.hub.refused - refused,
                 "frames_dropped": dict(self.hub.dropped - dropped),
+                "measurements_refused": dict(+self.ledger.refused) if self.ledger else {},
             }
+            self.ledger = None
             self._counts_before = (self.hub.refused, Counter(self.hub.dropped))
             self.hub.warn.flush()
 
@@ -583,6 +605,7 @@ class ZmqServer:
             "clients_late": len(self.late - set(self.missing)),
             "clients_lost": len(self.lost),
             "largest_frame_in": self.hub.largest_in,
+            "stopped_idle_at": self.stopped_at,
             **self._run_counts,
         }
 
@@ -608,26 +631,6 @@ class ZmqServer:
             self._pending.pop(req, None)
             self._parts.pop(req, None)
 
-    def _merge(self, sim: Simulation, flush: dict) -> None:
-        shown = flush["shown"]
-        owners = shown["owners"]
-        sim.probe.add_records(
-            list(
-                zip(
-                    shown["rounds"].tolist(),
-                    [owners[i] for i in shown["owner"].tolist()],
-                    shown["values"].tolist(),
-                    strict=True,
-                )
-            )
-        )
-        for key, value in flush["extras"].items():
-            if isinstance(value, dict) and isinstance(sim.probe.extras.get(key), dict):
-                sim.probe.extras[key].update(value)
-            else:
-                sim.probe.extras[key] = value
-        merge_delivery_stats(sim.bus, flush["stats"])
-
     # ----------------------------------------------------------------- hub callbacks
 
     def _on_control(self, peer: bytes, msg: dict) -> None:
@@ -649,13 +652,13 @@ class ZmqServer:
                 msg["agents"] = {**self._parts.pop(req, {}), **msg["agents"]}
             entry[1].set_result(msg)
             return
-        sim = self.sim
-        if sim is None or msg.get("run") != self.run_id:
+        ledger = self.ledger
+        if ledger is None or msg.get("run") != self.run_id:
             return
         if t == "oracle":
-            sim.probe.oracle[tuple(msg["key"])] = tuple(msg["value"])
+            ledger.oracle(peer, msg["key"], msg["value"])
         elif t == "flush":
-            self._merge(sim, msg["flush"])
+            ledger.merge(peer, msg["flush"])
 
     def _hello(self, peer: bytes, msg: dict) -> None:
         claims = set(msg.get("claims") or [])

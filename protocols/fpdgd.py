@@ -55,6 +55,7 @@ from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.rounds import MAX_ABS, screen_interactions, screen_vector
 from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
@@ -249,6 +250,11 @@ class FPDGDStrategy(ModelStrategy):
             body = {**body, "shares": len(participants)}
         return body
 
+    def max_abs(self) -> float:
+        """With DP, a share of the Laplace(Delta / epsilon) noise rides on every coordinate."""
+        p = self.ctx.params
+        return MAX_ABS + (100.0 * p.sensitivity / p.epsilon if p.dp else 0.0)
+
     @handles(UNLEARN)
     def on_unlearn_request(self, env) -> None:
         self.leavers.setdefault(env.body["client"], env.round)
@@ -272,6 +278,11 @@ class CalibrationStrategy(Strategy):
             "params": self.base.model,
             "stored_round": self.stored_rounds[round - self.first_round],
         }
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        """A calibrated update of the model's length, of at most the calibration's steps."""
+        why = screen_vector(reply.body, "update", self.base.model.size, self.base.max_abs())
+        return why or screen_interactions(reply.body, self.base.ctx.params.calibration_steps)
 
     def aggregate(self, round: int, replies: list) -> dict:
         used = [r for r in replies if r.body["n_interactions"] > 0]

@@ -20,6 +20,7 @@ from foltr_async.protocols.learner import PDGDLearner, Served
 from foltr_async.protocols.users import Users
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.rounds import MAX_ABS, screen_interactions, screen_vector
 
 
 class OnlineClient(Agent):
@@ -90,6 +91,22 @@ class ModelStrategy(Strategy):
 
     def configure_round(self, round: int) -> dict:
         return {"params": self.model}
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        """A model of the global model's length, finite and bounded (``max_abs``), weighted by
+        at most the client's interactions."""
+        body = reply.body
+        if "params" in body:
+            why = screen_vector(body, "params", self.model.size, self.max_abs())
+            if why is not None:
+                return why
+        if "n_interactions" in body:
+            return screen_interactions(body, self.ctx.most_interactions(reply.src))
+        return None
+
+    def max_abs(self) -> float:
+        """The largest |coordinate| a client's model may hold."""
+        return MAX_ABS
 
     def aggregate(self, round: int, replies: list) -> dict:
         updates = np.stack([r.body["params"] for r in replies])

@@ -25,6 +25,9 @@ from foltr_async.runtime.secure import SecureServer
 
 log = structlog.get_logger()
 
+#: refusals about a reply's values (not its shape): taken from the run's own agents
+_VALUES = frozenset(("update_not_finite", "update_too_large"))
+
 
 @dataclass
 class RoundReport:
@@ -90,6 +93,14 @@ class ServerAgent(Agent):
             secure.attach(self)
         #: FLGo's system models (None: off): who is available, dropped replies, latencies
         self.flgo = flgo
+        #: whether a round with nobody to ask lasts its deadline (in virtual time availability
+        #: may change meanwhile; a real-time server with no worker online would only wait)
+        self.wait_empty = True
+        #: asked after every round: True ends the phase there (a server nobody serves)
+        self.stop_when: Callable[[RoundReport], bool] | None = None
+        #: whether an agent's replies come from another process (a worker): their values are
+        #: screened too (``_screen``)
+        self.untrusted: Callable[[str], bool] | None = None
 
     def on(self, kind: str, handler: Callable[[Envelope], None]) -> None:
         """Handle another message kind besides the round replies, as it is delivered: the
@@ -102,6 +113,10 @@ class ServerAgent(Agent):
     def deliver(self, env: Envelope) -> None:  # replies are collected here, other kinds dispatched
         if env.kind == self._reply_kind:
             self.last_kind = env.kind
+            refused = self._screen(env)
+            if refused is not None:  # a forged or corrupt reply: dropped and counted by reason
+                self._drop(*refused, env)
+                return
             if self.flgo is None or self.flgo.admit(env, self._take_reply):
                 self._take_reply(env)
             return
@@ -111,6 +126,18 @@ class ServerAgent(Agent):
             side(env)
             return
         super().deliver(env)
+
+    def _screen(self, env: Envelope) -> tuple[str, str] | None:
+        """Why the strategy refuses this reply, if it does. A reply of the run's own agents
+        with NaN, inf or huge values is let through: its model then diverges and the run stops
+        naming the learning rate; one from another process (``untrusted``) is dropped."""
+        screen = getattr(self.strategy, "screen", None)
+        if screen is None or env.kind != self.strategy.reply_kind:
+            return None
+        refused = screen(env)
+        if refused is None or refused[0] not in _VALUES:
+            return refused
+        return refused if self.untrusted is not None and self.untrusted(env.src) else None
 
     def _take_reply(self, env: Envelope) -> bool:
         """Collect one reply of the round; False (counted late) when its round is over."""
@@ -185,7 +212,7 @@ class ServerAgent(Agent):
                         await self._all_in.wait()
                 except TimeoutError:
                     pass
-            else:  # nobody to ask: the round still lasts its deadline (availability may change)
+            elif self.wait_empty:  # nobody to ask: the round lasts its deadline all the same
                 await asyncio.sleep(self.plan.deadline)
             if self.flgo is not None:
                 self.flgo.close_round()
@@ -221,6 +248,8 @@ class ServerAgent(Agent):
                 self._after_round(report)
             if self._checkpoint is not None:
                 await self._checkpoint(report)
+            if self.stop_when is not None and self.stop_when(report):
+                break
             if self.plan.round_gap:
                 await asyncio.sleep(self.plan.round_gap)
         return reports

@@ -56,6 +56,12 @@ class Strategy(Checkpointed, ABC):
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics of the current global model."""
 
+    def screen(self, reply: Envelope) -> tuple[str, str] | None:
+        """Why a round reply must not reach ``aggregate`` (a drop reason and what is wrong), or
+        None to take it. The server asks as each reply arrives: the codec checked its types,
+        this checks what only the run knows (the model's length, a client's interactions)."""
+        return None
+
     def select(
         self, round: int, candidates: list[str], rng: np.random.Generator, plan: RoundPlan
     ) -> list[str]:
@@ -70,3 +76,33 @@ class Strategy(Checkpointed, ABC):
 
 def round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
+
+
+#: the largest |coordinate| a model a client sends may hold: far beyond what training reaches
+#: (weights of normalised features), far below what overflows a dot product or a sum
+MAX_ABS = 1e6
+
+
+def screen_vector(
+    body: dict, name: str, length: int, max_abs: float = MAX_ABS
+) -> tuple[str, str] | None:
+    """A reply's vector ``body[name]`` must have the model's ``length``, finite values and no
+    coordinate beyond ``max_abs``: one float too many, NaN or x1e12 would otherwise end the run
+    (in the aggregator, or as a "diverged" model the server never trained)."""
+    vec = body[name]
+    if vec.shape != (length,):
+        return "update_wrong_length", f"{name} holds {vec.size} values, the model {length}"
+    if not np.isfinite(vec).all():
+        return "update_not_finite", f"{name} holds NaN or inf"
+    big = float(np.abs(vec).max()) if vec.size else 0.0
+    if big > max_abs:
+        return "update_too_large", f"{name} holds {big:.3g} (at most {max_abs:.3g})"
+    return None
+
+
+def screen_interactions(body: dict, most: int) -> tuple[str, str] | None:
+    """A reply's ``n_interactions`` (its FedAvg weight) is at most what the client was given."""
+    n = body["n_interactions"]
+    if n > most:
+        return "update_interactions", f"n_interactions {n} > the client's {most}"
+    return None

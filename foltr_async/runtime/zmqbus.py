@@ -34,16 +34,21 @@ them. Frames of another run than the current one are dropped (``stale_run``).
 
 Security: CurveZMQ. The hub has a key pair and an allow-list of worker public keys checked by a
 ZAP handler; an unknown key is refused at the handshake and logged (``auth_refused``), and the
-refused worker sees ``EVENT_HANDSHAKE_FAILED_AUTH`` and stops with a one-line error. Plaintext
-only when asked for (``security=None``).
+refused worker sees ``EVENT_HANDSHAKE_FAILED_AUTH`` and stops with a one-line error. A key is
+one worker's: the handler names the peer by its key's file name (the frames' ``User-Id``) and a
+hello must say that name, so one key cannot say hello as another worker and take its clients.
+Plaintext only when asked for (``security=None``).
 
 Limits (``WireLimits``, derived by the server from the run): what one peer can make the hub hold
 is at most ``hwm`` frames of at most ``frame`` bytes (``ZMQ_MAXMSGSIZE``: libzmq disconnects a
 peer that sends more); below that, the codec's size limit drops and counts data. A control frame
 from a peer that has not said hello must be a hello of at most ``hello`` bytes claiming at most
 ``clients`` clients; every control frame is unpacked with msgpack's length limits, so a few bytes
-cannot ask for millions of objects. The receive loop handles at most ``batch`` frames per turn of
-the event loop, so a flood of junk costs counters, not heartbeats. Sends to a worker whose queue
+cannot ask for millions of objects, and refused past ``depth`` levels of nesting. The receive
+loop handles at most ``batch`` frames per turn of the event loop, so a flood of junk costs
+counters, not heartbeats; junk data frames are counted drops with a rate-limited log line.
+The hub raises the process's soft open-files limit to the hard one, so many connections leave
+the server descriptors for its own files. Sends to a worker whose queue
 is full are dropped and counted (``send_queue_full``), never queued without bound.
 """
 
@@ -52,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import socket
 import struct
 import time
@@ -71,6 +77,7 @@ import zmq.utils.z85
 from zmq.utils.monitor import recv_monitor_message
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.inputs import nesting_depth
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.codec import (
     DEFAULT_MAX_BYTES,
@@ -114,6 +121,7 @@ __all__ = [
 log = structlog.get_logger()
 
 _RUN = struct.Struct("<Id")
+DEFAULT_DEPTH = 16
 _ARRAY_EXT = 42
 ZAP_DOMAIN = b"foltr"
 
@@ -138,6 +146,9 @@ class WireLimits:
     clients: int = 1 << 20
     #: most items of one msgpack array or map in a control message
     items: int = 1 << 16
+    #: deepest nesting of lists and maps in a control message (the deepest legal one, a
+    #: worker's measurements, nests 7 deep); deeper frames are dropped as ``too_deep``
+    depth: int = DEFAULT_DEPTH
     #: frames handled per turn of the event loop before the hub yields
     batch: int = 64
     #: seconds between two log lines of a repeated warning (refusals, dropped frames)
@@ -217,11 +228,18 @@ def pack_control(msg: dict) -> bytes:
     return msgpack.packb(msg, default=_default, use_bin_type=True)
 
 
-def unpack_control(data: bytes, items: int | None = None) -> dict:
+class TooDeep(ValueError):
+    """A control message nests deeper than the hub reads (``WireLimits.depth``)."""
+
+
+def unpack_control(data: bytes, items: int | None = None, depth: int = DEFAULT_DEPTH) -> dict:
     """Inverse of ``pack_control``; raises ValueError for anything that is not a control map.
 
     ``items`` bounds every array's and map's length before it is built: msgpack's own limit
-    is the frame's size, and a 57 MB frame of one-byte items became 60 M objects (4 GB)."""
+    is the frame's size, and a 57 MB frame of one-byte items became 60 M objects (4 GB).
+    ``depth`` bounds the nesting (``TooDeep``): msgpack builds up to 1024 levels, and code
+    that later walks the value recursively (results, checkpoints) overflows Python's stack
+    on a 1,151-byte frame."""
     n = len(data) if items is None else items
     try:
         msg = msgpack.unpackb(
@@ -236,6 +254,8 @@ def unpack_control(data: bytes, items: int | None = None) -> dict:
         raise ValueError(f"undecodable control message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise ValueError("control message without a type 't'")
+    if nesting_depth(msg, depth) > depth:
+        raise TooDeep(f"control message nested deeper than {depth} levels")
     return msg
 
 
@@ -388,6 +408,12 @@ class HubBus(MemoryBus):
         self._where: dict[str, bytes] = {}  # registered remote agent -> worker routing id
         self.frames = 0  # data frames sent to workers (fan-out: one per worker per broadcast)
         self.received = 0  # data frames received from workers
+        #: messages handed to the hub for each remote agent, and for each worker (with their
+        #: bytes): what a worker's delivery counters and its clients' measurements are
+        #: checked against (``runtime.trust``)
+        self.sent_to: Counter[str] = Counter()
+        self.routed: Counter[bytes] = Counter()
+        self.routed_bytes: Counter[bytes] = Counter()
 
     def register(self, agent: Any) -> None:
         super().register(agent)
@@ -416,6 +442,7 @@ class HubBus(MemoryBus):
             return
         self.stats.injected += 1  # raw bytes for a remote agent: its worker decodes them
         self.frames += 1
+        self._routed(worker, dst, len(data))
         self.hub.send(worker, [b"M", _RUN.pack(self.run_id, 0.0), dst.encode(), data])
 
     def _schedule(self, loop, when, data, src, dst, kind, shared=None) -> None:  # noqa: ANN001
@@ -425,6 +452,7 @@ class HubBus(MemoryBus):
             return
         delay = max(0.0, when - loop.time())
         self.frames += 1
+        self._routed(worker, dst, len(data))
         self.hub.send(
             worker,
             [b"M", _RUN.pack(self.run_id, delay), dst.encode(), data],
@@ -448,6 +476,7 @@ class HubBus(MemoryBus):
         packed = datas[0][len(_head(kind, src, remote[0], round, seqs[0], now)) :]
         groups: dict[bytes, tuple[list[str], list[int], list[float]]] = {}
         for i, t in arrivals:
+            self._routed(self._where[remote[i]], remote[i], len(datas[i]))
             d, s, ts = groups.setdefault(self._where[remote[i]], ([], [], []))
             d.append(remote[i])
             s.append(seqs[i])
@@ -463,31 +492,41 @@ class HubBus(MemoryBus):
                 ],
             )
 
+    def _routed(self, worker: bytes, dst: str, n: int) -> None:
+        self.sent_to[dst] += 1
+        self.routed[worker] += 1
+        self.routed_bytes[worker] += n
+
+    def junk(
+        self, reason: str, detail: str, src: str | None, dst: str | None, kind: str | None
+    ) -> None:
+        """A peer's data frame that is no message of the run (undecodable, of another run, from
+        an agent its worker does not host): counted as a drop, logged as the hub's warnings
+        are (a line per reason at most every ``log_every`` s, with the count since), not one
+        event each (36 k junk frames in 3 s wrote 7.1 MB of events)."""
+        self.stats.injected += 1
+        self.stats.dropped[reason] += 1
+        if kind is not None:
+            self.stats.kind(kind).dropped += 1
+        self.hub.warn("hub_data_dropped", reason, src=src, detail=detail[:200])
+        for fn in self._drop_listeners:
+            fn(reason, detail, src, dst, kind)
+
     def from_worker(self, worker: bytes, run: int, data: bytes) -> None:
         """Bytes an agent of ``worker`` sent: check, count and route them like a local send."""
         self.received += 1
         if run != self.run_id:
-            self.stats.injected += 1
-            self.report_drop(
-                "stale_run", f"frame of run {run} during run {self.run_id}", None, None, None
-            )
+            self.junk("stale_run", f"frame of run {run} during run {self.run_id}", None, None, None)
             return
         try:
             env = decode(data, self.registry, self.max_bytes)
         except DropMessage as e:
             h = e.header
-            self.stats.injected += 1
-            self.report_drop(
-                e.reason,
-                e.detail,
-                h.src if h else None,
-                h.dst if h else None,
-                h.kind if h else None,
-            )
+            src, dst, kind = (h.src, h.dst, h.kind) if h else (None, None, None)
+            self.junk(e.reason, e.detail, src, dst, kind)
             return
         if self._where.get(env.src) != worker:
-            self.stats.injected += 1
-            self.report_drop(
+            self.junk(
                 "unauthenticated",
                 f"{env.src} is not hosted by the sending worker",
                 env.src,
@@ -619,20 +658,6 @@ class WorkerBus(MemoryBus):
         }
 
 
-def merge_delivery_stats(bus: MemoryBus, delta: dict) -> None:
-    """Add a worker's ``delivery_stats`` delta into the hub bus's counters."""
-    st = bus.stats
-    st.delivered += delta["delivered"]
-    st.bytes_delivered += delta["bytes_delivered"]
-    for reason, n in delta["dropped"].items():
-        st.dropped[reason] += n
-    for kind, (delivered, nbytes, dropped) in delta["kinds"].items():
-        ks = st.kind(kind)
-        ks.delivered += delivered
-        ks.bytes_delivered += nbytes
-        ks.dropped += dropped
-
-
 def stats_delta(now: dict, before: dict | None) -> dict:
     """``now - before`` of two ``delivery_stats`` snapshots."""
     if before is None:
@@ -675,6 +700,32 @@ async def _zap_handler(
         await sock.send_multipart(reply)
 
 
+def _user_id(parts: list[zmq.Frame]) -> str | None:
+    """The ZAP User-Id of a received message (its sender's key name), if it has one."""
+    try:
+        return parts[-1].get("User-Id")
+    except zmq.ZMQError:
+        return None
+
+
+def raise_fd_limit(most: int = 1 << 20) -> int:
+    """Raise this process's soft limit of open files to its hard limit (at most ``most``);
+    returns the soft limit then in force.
+
+    Every TCP connection to the hub holds a file descriptor, and anyone who can reach the port
+    can open connections (a key is checked only after the connection is up): at the usual soft
+    limit of 1,024, 1,100 plain connections left the server no descriptor for its own files
+    (a checkpoint, results) and it crashed. libzmq itself survives running out (it refuses
+    the connection), so the server only needs room for its files beside the connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = most if hard == resource.RLIM_INFINITY else min(hard, most)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return want
+    return soft
+
+
 @dataclass
 class _Peer:
     routing_id: bytes
@@ -690,11 +741,12 @@ class Hub:
     hello; ``on_lost(peer)`` a worker whose heartbeats stopped (or whose connection is gone);
     data frames from introduced peers go to ``bus.from_worker`` (the current run's ``HubBus``).
     Frames that cannot be used are counted in ``dropped`` by reason (``bad_frame``,
-    ``undecodable``, ``bad_control``, ``not_introduced``, ``oversized_control``,
-    ``handler_error``; frames this end could not queue: ``send_queue_full``), each reason logged
-    as a warning at most once per ``limits.log_every`` seconds with its count: a flood of
-    garbage costs a counter, not a log. Counters: ``refused`` handshakes, ``frames_out`` /
-    ``frames_in``, ``bytes_out`` / ``bytes_in``, ``largest_in`` (the largest frame received).
+    ``undecodable``, ``too_deep``, ``bad_control``, ``not_introduced``, ``oversized_control``,
+    ``name_not_key``: a hello naming another worker than its key's, ``handler_error``; frames
+    this end could not queue: ``send_queue_full``), each reason logged as a warning at most
+    once per ``limits.log_every`` seconds with its count: a flood of garbage costs a counter,
+    not a log. Counters: ``refused`` handshakes, ``frames_out`` / ``frames_in``, ``bytes_out``
+    / ``bytes_in``, ``largest_in`` (the largest frame received).
     """
 
     def __init__(
@@ -738,6 +790,7 @@ class Hub:
 
     async def start(self) -> str:
         """Bind and start serving; returns the bound endpoint (a ``:0`` port resolved)."""
+        raise_fd_limit()
         ctx = self._ctx = zmq.asyncio.Context()
         if self.keys is not None:
             zap = ctx.socket(zmq.REP)
@@ -821,11 +874,16 @@ class Hub:
         is already queued does not yield, so a flood would otherwise starve the heartbeats and
         the run (115 k junk frames in 3 s made every worker think the server was gone)."""
         sock, batch = self._sock, self.limits.batch
+        keyed = self.keys is not None
         while True:
             for _ in range(batch):
-                frames = await sock.recv_multipart()
+                if keyed:  # the frames' User-Id: the name the ZAP handler gave the peer's key
+                    parts = await sock.recv_multipart(copy=False)
+                    frames, user = [f.bytes for f in parts], _user_id(parts)
+                else:
+                    frames, user = await sock.recv_multipart(), None
                 try:
-                    self._dispatch(frames)
+                    self._dispatch(frames, user)
                 except Exception as e:  # a peer's bad frame must never end the hub
                     self.drop(frames[0], "handler_error", f"{type(e).__name__}: {e}")
             await asyncio.sleep(0)
@@ -835,7 +893,7 @@ class Hub:
         self.dropped[reason] += 1
         self.warn("hub_frame_dropped", reason, peer=peer[:64], detail=detail[:200])
 
-    def _dispatch(self, frames: list[bytes]) -> None:
+    def _dispatch(self, frames: list[bytes], user: str | None = None) -> None:
         if self.closing:
             return
         size = sum(len(f) for f in frames)
@@ -860,8 +918,7 @@ class Hub:
             try:
                 run, _ = _RUN.unpack(frames[2])
             except struct.error:
-                bus.stats.injected += 1
-                bus.report_drop("malformed", "bad frame header", None, None, None)
+                bus.junk("malformed", "bad frame header", None, None, None)
                 return
             bus.from_worker(peer, run, frames[4])
             return
@@ -873,7 +930,12 @@ class Hub:
             self.drop(peer, "oversized_control", f"{len(data)} bytes before a hello")
             return
         try:
-            msg = unpack_control(data, max(64, limits.clients) if known is None else limits.items)
+            msg = unpack_control(
+                data, max(64, limits.clients) if known is None else limits.items, limits.depth
+            )
+        except TooDeep as e:
+            self.drop(peer, "too_deep", str(e))
+            return
         except ValueError as e:
             self.drop(peer, "undecodable", str(e))
             return
@@ -882,6 +944,10 @@ class Hub:
             self.drop(peer, "bad_control", f"{msg['t'][:40]}: {why}")
             return
         if msg["t"] == "hello":
+            if user is not None and msg["worker"] != user:
+                # a key is one worker's: another name would let it take that worker's clients
+                self.drop(peer, "name_not_key", f"hello as {msg['worker'][:40]!r}, key of {user!r}")
+                return
             self.peers[peer] = _Peer(peer, time.monotonic(), msg)
         elif known is None:
             # not introduced, or declared lost: ask it to introduce itself (at most once a

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from foltr_async.contract import worker_extras
 from foltr_async.ltr.sketch import cover_rate
 from foltr_async.ltr.text import TextCorpus
 from foltr_async.protocols.csfltr.corpus import CorpusRun, PartyIndex, PartyText, party_text
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from foltr_async.contract import Probe
 
 MEASURED = "csfltr.measured"  # probe extras key of the parties' raw measurements
+worker_extras(MEASURED, "per_client")  # a worker reports its own parties' entries
 _STATS = (
     "rtk_cover",
     "rtk_rankable",
