@@ -143,3 +143,25 @@ def test_validation_builds_every_fold_and_names_a_missing_one(tmp_path, mq2008_d
     check_scenario(load(tmp_path, text))  # a folder of folds is read fold by fold
     with pytest.raises(FoltrError, match=r"\[variant plain\]: dataset.path: .*Fold2: dataset file"):
         check_scenario(load(tmp_path, text.replace("[1]", "[1, 2]")))
+
+
+@pytest.mark.parametrize(
+    "name", ["../../x", "/abs", "a/b", "a\\\\b", "..", "a|b", "a\\nb", "a\\tb", "`x`", " a", ""]
+)
+def test_a_variant_name_that_leaves_the_folder_or_breaks_a_line_is_refused(tmp_path, name):
+    """Tracking folders and per-variant files are named by the variant, and summary.md has a
+    table row per variant: such a name is refused where the file is read, in one line."""
+    with pytest.raises(ScenarioError, match=r"g.toml: variants: expected a variant name") as e:
+        load(tmp_path, f'[variants."{name}"]\n')
+    assert "\n" not in str(e.value)
+
+
+def test_a_grid_name_made_from_values_follows_the_same_rule(tmp_path):
+    text = '[[grid]]\nname = "x-{aggregator}"\nproduct = { federation.aggregator = ["../../up"] }\n'
+    with pytest.raises(ScenarioError, match=r"variants: expected a variant name.*'x-\.\./\.\./up'"):
+        load(tmp_path, text)
+
+
+def test_names_with_spaces_dots_and_unicode_are_kept(tmp_path):
+    sc = load(tmp_path, '[variants."FPDGD (ε = 4.5) v1.2"]\n[variants."a.b-c_d"]\n')
+    assert list(sc.variants) == ["plain", "FPDGD (ε = 4.5) v1.2", "a.b-c_d"]
