@@ -265,6 +265,14 @@ def _sigterm_as_ctrl_c():
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        while _held_locks:  # the command is done with its output folder
+            _held_locks.pop().close()
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS:
@@ -450,6 +458,7 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
                 f"--resume: {out}: no checkpoint.pkl (was the run started with "
                 "--checkpoint-every K?)"
             )
+        _lock(out, "--resume")
         Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
         events = out / "events.jsonl"
         if events.exists():  # keep the interrupted part's log beside the new one
@@ -459,7 +468,9 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
             events.rename(out / f"events.{n}.jsonl")
         return out
     if args.out is None:
-        return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        out = _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        _lock(out, "--out")
+        return out
     out = args.out
     _refuse_taken(out)
     try:  # create and claim it: of two runs started on it at once, one gets it
@@ -469,7 +480,34 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
         _refuse_taken(out, ["events.jsonl"])
     except OSError as e:
         raise FoltrError(f"--out {out}: cannot create the folder: {e.strerror}") from None
+    _lock(out, "--out")
     return out
+
+
+#: the file a run holds locked in its output folder while it runs
+LOCK_FILE = ".lock"
+_held_locks: list = []  # open lock files: the lock lasts until this process exits
+
+
+def _lock(out: Path, flag: str) -> None:
+    """Hold ``out``'s lock (``flock``) for the rest of this process: two runs in one folder
+    (two ``--resume`` of it, say) would interleave their checkpoints and results, so the
+    second stops here in one line. The kernel releases it when the process ends, however."""
+    import fcntl
+
+    try:
+        fh = open(out / LOCK_FILE, "a")  # noqa: SIM115 - held open until the process exits
+    except OSError as e:
+        raise FoltrError(f"{flag} {out}: cannot write in the folder: {e.strerror}") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise FoltrError(
+            f"{flag} {out}: in use by another run (it holds {out / LOCK_FILE}); wait for it to "
+            "end or stop it, then try again"
+        ) from None
+    _held_locks.append(fh)
 
 
 def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:

@@ -97,3 +97,27 @@ def test_an_interrupt_keeps_every_finished_repeat_and_resume_completes_them(tmp_
     full = run_scenario(load_scenario(path), tmp_path / "full", Observer())
     again = json.loads((out / "results.json").read_text())
     assert again["complete"] and _comparable(again) == _comparable(full)
+
+
+def test_a_folder_in_use_by_a_run_cannot_be_resumed_by_another(tmp_path, capsys):
+    """Two ``--resume`` of one folder both ran, interleaving checkpoints and results: the
+    folder is locked while a run uses it, and a second run stops in one line."""
+    import fcntl
+
+    from foltr_async.cli import LOCK_FILE, main
+
+    path = tmp_path / "cut.toml"
+    path.write_text(SCENARIO.replace("repeats = 12", "repeats = 1"))
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--quiet", "--checkpoint-every", "100"]) == 0
+    before = (out / "results.json").read_bytes()
+    with open(out / LOCK_FILE, "a") as held:  # what the running one holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        capsys.readouterr()
+        assert main(["run", str(path), "--resume", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--resume {out}: in use by another run" in err
+        assert (out / "results.json").read_bytes() == before and not (
+            out / "events.1.jsonl"
+        ).exists()
+    assert main(["run", str(path), "--resume", str(out), "--quiet"]) == 0  # released: it runs
