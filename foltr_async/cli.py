@@ -458,8 +458,8 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
                 f"--resume: {out}: no checkpoint.pkl (was the run started with "
                 "--checkpoint-every K?)"
             )
-        _lock(out, "--resume")
         Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
+        _lock(out, "--resume")  # after the read-only checks: a refused one changes nothing
         events = out / "events.jsonl"
         if events.exists():  # keep the interrupted part's log beside the new one
             n = 1
