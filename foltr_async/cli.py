@@ -460,6 +460,8 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
             )
         Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
         _lock(out, "--resume")  # after the read-only checks: a refused one changes nothing
+        for tmp in out.glob(".*.tmp"):  # half-written files of a killed run: never read
+            tmp.unlink(missing_ok=True)
         events = out / "events.jsonl"
         if events.exists():  # keep the interrupted part's log beside the new one
             n = 1
@@ -513,6 +515,11 @@ def _lock(out: Path, flag: str) -> None:
 def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:
     """--out must be a new or empty folder: one line saying what it is or already holds (a
     run's results, or files that are none of ours); nothing in it is touched."""
+    if out.is_symlink() and not out.exists():
+        raise FoltrError(
+            f"--out {out}: a symbolic link to {out.readlink()}, which does not exist; create "
+            "that folder or give another one"
+        )
     if out.exists() and not out.is_dir():
         raise FoltrError(f"--out {out}: not a folder")
     held = [n for n in RESULT_FILES if (out / n).exists()] or list(claimed)

@@ -121,3 +121,30 @@ def test_a_folder_in_use_by_a_run_cannot_be_resumed_by_another(tmp_path, capsys)
             out / "events.1.jsonl"
         ).exists()
     assert main(["run", str(path), "--resume", str(out), "--quiet"]) == 0  # released: it runs
+
+
+def test_half_written_files_of_a_killed_run_are_removed_by_its_resume(tmp_path, capsys):
+    from foltr_async.cli import main
+
+    path = tmp_path / "cut.toml"
+    path.write_text(SCENARIO.replace("repeats = 12", "repeats = 1"))
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--quiet", "--checkpoint-every", "100"]) == 0
+    left = [out / ".results.json.99999.tmp", out / ".checkpoint.pkl.99999.tmp"]
+    for tmp in left:  # what kill -9 in the middle of a write leaves
+        tmp.write_bytes(b"\x00half")
+    assert main(["run", str(path), "--resume", str(out), "--quiet"]) == 0
+    assert not any(tmp.exists() for tmp in left)
+
+
+def test_a_dangling_symlink_out_says_where_it_points(tmp_path, capsys):
+    from foltr_async.cli import main
+
+    path = tmp_path / "cut.toml"
+    path.write_text(SCENARIO)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    assert main([str(path), "--out", str(link), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"--out {link}: a symbolic link to {tmp_path / 'gone'}, which does not exist" in err
