@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import sys
 import threading
@@ -359,13 +360,15 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         raise
     except KeyboardInterrupt:
         raise
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            return _internal_error(e, out)
+        where = e.filename or out
+        raise FoltrError(
+            f"cannot write {where}: {e.strerror}; free space there or give another --out"
+        ) from None
     except Exception as e:  # a bug, not bad input: say so in one line, keep the details
-        (out / "error.log").write_text(traceback.format_exc())
-        print(
-            f"internal error: {type(e).__name__}: {e} (traceback in {out / 'error.log'})",
-            file=sys.stderr,
-        )
-        return 1
+        return _internal_error(e, out)
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
@@ -404,6 +407,21 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             file=sys.stderr,
         )
     return NO_RESULT if idle or unmeasured or unmet["no_clients"] else 0
+
+
+#: write errors that say the folder has no room (full disk, quota, read-only), not a bug
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _internal_error(e: BaseException, out: Path) -> int:
+    """A bug, not bad input: one line, the traceback in OUT/error.log when it can be written."""
+    try:
+        (out / "error.log").write_text(traceback.format_exc())
+        kept = f" (traceback in {out / 'error.log'})"
+    except OSError as log_error:
+        kept = f" (no traceback kept: {out / 'error.log'}: {log_error.strerror})"
+    print(f"internal error: {type(e).__name__}: {e}{kept}", file=sys.stderr)
+    return 1
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):

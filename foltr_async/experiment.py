@@ -535,7 +535,7 @@ def _run_scenario(
         throttled=True,
         code=code_stamp(),
     )
-    observers = Observers([reporter, writer])
+    observers = _Recording(reporter, writer)
     observers.run_started(
         {
             "scenario": scenario.name,
@@ -569,6 +569,23 @@ def _run_scenario(
     final = writer.results
     reporter.run_done(final)
     return final
+
+
+class _Recording(Observers):
+    """The reporter's observers and the results writer: a watcher that fails is logged and
+    the run goes on, but results that cannot be written (a full disk) end the run."""
+
+    def __init__(self, reporter: Observer, writer: ResultsWriter) -> None:
+        super().__init__([reporter])
+        self.writer = writer
+
+    def run_started(self, info: dict) -> None:
+        self.writer.run_started(info)
+        super().run_started(info)
+
+    def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
+        self.writer.repeat_done(variant, repeat, result)
+        super().repeat_done(variant, repeat, result)
 
 
 def _run_todo(
@@ -758,8 +775,10 @@ def keep_finished(writer: ResultsWriter, interrupts: Interrupts) -> None:
     with contextlib.suppress(KeyboardInterrupt), interrupts.held():
         try:
             writer.write(plot=False)
-        except Exception:
-            structlog.get_logger().exception("results_not_written", path=str(writer.out_dir))
+        except Exception as e:
+            structlog.get_logger().error(
+                "results_not_written", path=str(writer.out_dir), error=str(e)
+            )
 
 
 def _plain(obj):

@@ -148,3 +148,24 @@ def test_a_dangling_symlink_out_says_where_it_points(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert f"--out {link}: a symbolic link to {tmp_path / 'gone'}, which does not exist" in err
+
+
+def test_a_full_disk_at_the_start_is_one_line_without_a_traceback(tmp_path, capsys, monkeypatch):
+    """Five chained tracebacks and an empty error.log: the results, then error.log, could not
+    be written. A write that finds no room is one line naming the file."""
+    import errno
+
+    from foltr_async.cli import main
+    from foltr_async.observe import results
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(results, "atomic_write_text", full)
+    path = tmp_path / "cut.toml"
+    path.write_text(SCENARIO)
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"error: cannot write {out / 'results.json'}: No space left on device" in err
