@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import sys
 import threading
@@ -274,6 +275,14 @@ def _sigterm_as_ctrl_c():
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        while _held_locks:  # the command is done with its output folder
+            _held_locks.pop().close()
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS:
@@ -361,13 +370,15 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         raise
     except KeyboardInterrupt:
         raise
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            return _internal_error(e, out)
+        where = e.filename or out
+        raise FoltrError(
+            f"cannot write {where}: {e.strerror}; free space there or give another --out"
+        ) from None
     except Exception as e:  # a bug, not bad input: say so in one line, keep the details
-        (out / "error.log").write_text(traceback.format_exc())
-        print(
-            f"internal error: {type(e).__name__}: {e} (traceback in {out / 'error.log'})",
-            file=sys.stderr,
-        )
-        return 1
+        return _internal_error(e, out)
     print(f"results: {out}")
     for line in results.get("conclusions", []):
         print(f"  {line}")
@@ -420,6 +431,21 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
             file=sys.stderr,
         )
     return NO_RESULT if idle or unmeasured or unmet["no_clients"] or idle_stops else 0
+
+
+#: write errors that say the folder has no room (full disk, quota, read-only), not a bug
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _internal_error(e: BaseException, out: Path) -> int:
+    """A bug, not bad input: one line, the traceback in OUT/error.log when it can be written."""
+    try:
+        (out / "error.log").write_text(traceback.format_exc())
+        kept = f" (traceback in {out / 'error.log'})"
+    except OSError as log_error:
+        kept = f" (no traceback kept: {out / 'error.log'}: {log_error.strerror})"
+    print(f"internal error: {type(e).__name__}: {e}{kept}", file=sys.stderr)
+    return 1
 
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
@@ -485,6 +511,9 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
                 "--checkpoint-every K?)"
             )
         Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
+        _lock(out, "--resume")  # after the read-only checks: a refused one changes nothing
+        for tmp in out.glob(".*.tmp"):  # half-written files of a killed run: never read
+            tmp.unlink(missing_ok=True)
         events = out / "events.jsonl"
         if events.exists():  # keep the interrupted part's log beside the new one
             n = 1
@@ -493,7 +522,9 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
             events.rename(out / f"events.{n}.jsonl")
         return out
     if args.out is None:
-        return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        out = _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        _lock(out, "--out")
+        return out
     out = args.out
     _refuse_taken(out)
     try:  # create and claim it: of two runs started on it at once, one gets it
@@ -503,12 +534,44 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
         _refuse_taken(out, ["events.jsonl"])
     except OSError as e:
         raise FoltrError(f"--out {out}: cannot create the folder: {e.strerror}") from None
+    _lock(out, "--out")
     return out
+
+
+#: the file a run holds locked in its output folder while it runs
+LOCK_FILE = ".lock"
+_held_locks: list = []  # open lock files: the lock lasts until this process exits
+
+
+def _lock(out: Path, flag: str) -> None:
+    """Hold ``out``'s lock (``flock``) for the rest of this process: two runs in one folder
+    (two ``--resume`` of it, say) would interleave their checkpoints and results, so the
+    second stops here in one line. The kernel releases it when the process ends, however."""
+    import fcntl
+
+    try:
+        fh = open(out / LOCK_FILE, "a")  # noqa: SIM115 - held open until the process exits
+    except OSError as e:
+        raise FoltrError(f"{flag} {out}: cannot write in the folder: {e.strerror}") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise FoltrError(
+            f"{flag} {out}: in use by another run (it holds {out / LOCK_FILE}); wait for it to "
+            "end or stop it, then try again"
+        ) from None
+    _held_locks.append(fh)
 
 
 def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:
     """--out must be a new or empty folder: one line saying what it is or already holds (a
     run's results, or files that are none of ours); nothing in it is touched."""
+    if out.is_symlink() and not out.exists():
+        raise FoltrError(
+            f"--out {out}: a symbolic link to {out.readlink()}, which does not exist; create "
+            "that folder or give another one"
+        )
     if out.exists() and not out.is_dir():
         raise FoltrError(f"--out {out}: not a folder")
     held = [n for n in RESULT_FILES if (out / n).exists()] or list(claimed)

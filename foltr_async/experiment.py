@@ -16,12 +16,15 @@ another study's run instead of running it twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -541,7 +544,7 @@ def _run_scenario(
         throttled=True,
         code=code_stamp(),
     )
-    observers = Observers([reporter, writer])
+    observers = _Recording(reporter, writer)
     observers.run_started(
         {
             "scenario": scenario.name,
@@ -559,9 +562,53 @@ def _run_scenario(
         result = _plain(result)
         if scenario.folds:
             result["fold"] = scenario.folds[rep % len(scenario.folds)]
-        checkpoints.finished(name, rep, result)
-        observers.repeat_done(name, rep, result)
+        with interrupts.held():  # checkpoint and results both get it, or neither
+            checkpoints.finished(name, rep, result)
+            observers.repeat_done(name, rep, result)
 
+    with Interrupts() as interrupts:
+        try:
+            _run_todo(
+                scenario, checkpoints, observers, finish, interrupts, remote, jobs, executor, reused
+            )
+        except BaseException:  # Ctrl-C, SIGTERM, an error: the files get every finished repeat
+            keep_finished(writer, interrupts)
+            raise
+    writer.run_done({"environment": threads.facts()})  # the kernel's threads, per process
+    final = writer.results
+    reporter.run_done(final)
+    return final
+
+
+class _Recording(Observers):
+    """The reporter's observers and the results writer: a watcher that fails is logged and
+    the run goes on, but results that cannot be written (a full disk) end the run."""
+
+    def __init__(self, reporter: Observer, writer: ResultsWriter) -> None:
+        super().__init__([reporter])
+        self.writer = writer
+
+    def run_started(self, info: dict) -> None:
+        self.writer.run_started(info)
+        super().run_started(info)
+
+    def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
+        self.writer.repeat_done(variant, repeat, result)
+        super().repeat_done(variant, repeat, result)
+
+
+def _run_todo(
+    scenario: Scenario,
+    checkpoints: Checkpoints,
+    observers: Observers,
+    finish: Callable[[str, int, dict], None],
+    interrupts: Interrupts,
+    remote: Any,
+    jobs: int,
+    executor: str,
+    reused: dict[tuple[str, int], dict],
+) -> None:
+    """Every repeat not finished before: reused, run serially, in parallel or remotely."""
     todo = []
     for rep in range(scenario.repeats):
         seed = scenario.seed + rep
@@ -589,6 +636,7 @@ def _run_scenario(
                 raise
     elif remote is None:
         for rep, seed, name, cfg in todo:
+            interrupts.check()  # one that landed in a finaliser (heap.release collects)
             observers.repeat_started(name, rep, seed)
             ck = checkpoints.run(name, rep)
             sim = Simulation(cfg, seed, observers, name, rep, checkpoint=ck)
@@ -658,10 +706,88 @@ def _run_scenario(
             if stop.requested:  # our Ctrl-C cancelled the run: report it as an interruption
                 raise KeyboardInterrupt from None
             raise
-    writer.run_done({"environment": threads.facts()})  # the kernel's threads, per process
-    final = writer.results
-    reporter.run_done(final)
-    return final
+
+
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM during a run, acted on where nothing is lost (a context manager).
+
+    Python's own handler raises KeyboardInterrupt wherever the signal lands, and one landing
+    in a finaliser (``heap.release`` collects many between repeats) is printed and dropped:
+    the run went on to the end. Here a signal marks the run stopped and raises from a loop
+    callback in a running repeat, or at once outside one unless in a finaliser, where
+    ``check`` raises it before the next repeat; inside ``held`` it waits until the block is
+    done, so a finished repeat is recorded in the checkpoint, the results and the observers
+    together.
+    A signal ignored when the run starts (a shell's background job) stays ignored."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._holding = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(signum)
+                if old is not None and old is not signal.SIG_IGN:  # None: set outside Python
+                    self._old[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, old in self._old.items():
+            signal.signal(signum, old)
+        self._old.clear()
+
+    def _on_signal(self, _signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self._holding:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if not _in_finaliser(frame):  # one raised there is dropped, with a traceback
+                raise KeyboardInterrupt from None
+            return
+        loop.call_soon_threadsafe(_raise_interrupt)
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if not self._holding:
+            self.check()
+
+
+def _in_finaliser(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def keep_finished(writer: ResultsWriter, interrupts: Interrupts) -> None:
+    """Rewrite the results of a run that stops early: a throttled writer can be many repeats
+    behind the checkpoint, and "results written so far are kept" must mean every finished
+    one. A failing write (a full disk) is logged; the stop's own cause is what is reported."""
+    with contextlib.suppress(KeyboardInterrupt), interrupts.held():
+        try:
+            writer.write(plot=False)
+        except Exception as e:
+            structlog.get_logger().error(
+                "results_not_written", path=str(writer.out_dir), error=str(e)
+            )
 
 
 def _plain(obj):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import conclusions
+from foltr_async.names import VARIANT_RULE, bad_variant_name
 from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value, load_results
 from foltr_async.scenario.load import data_seed
 
@@ -54,6 +55,8 @@ def merge_runs(parts: list[Path], out: Path) -> dict:
     for label, res in runs:
         offset = res["seed"] - base
         for name, entry in res["variants"].items():
+            if bad_variant_name(name):  # it becomes a row of summary.md
+                raise FoltrError(f"{label}: variant {name!r}: expected {VARIANT_RULE}")
             cfg = (res.get("config") or {}).get(name)
             if name in config and _setting(cfg) != _setting(config[name]):
                 raise FoltrError(

@@ -8,6 +8,7 @@ guessed) goes through the ``Probe``, the simulator's oracle, never through messa
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -758,6 +759,8 @@ class Simulation:
 
     def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
         _check_run_state(saved, self._checkpointed())
+        local = {aid for aid, agent in self.agents.items() if not agent.remote}
+        _check_run_ranges(saved, self.plan.rounds, set(self.agents), local)
         shared = self.shared_objects()
         self.restore_agents(agents)
         for key, obj in self._checkpointed().items():
@@ -772,6 +775,58 @@ class Simulation:
             if agent.remote:
                 agent.rounds_joined = sum(aid in r.clients for r in saved["reports"])
         self.emit("resumed", round=saved["round"])
+
+
+def _check_run_ranges(saved: dict, rounds: int, agent_ids: set[str], local: set[str]) -> None:
+    """What the layout check cannot see: values in range and consistent with each other and
+    with the rebuilt run (a checkpoint is checksummed, not signed: an edited one with its
+    checksum recomputed is read). The run saves after a training round, so its round is one
+    of them; its clocks are finite and in order; it evaluated only rounds it had played;
+    and it holds no agent this run lacks, and every one this process hosts (a worker lost
+    at the save took its clients' states with it: those are not required)."""
+    now, sim0, wall = saved["now"], saved["sim0"], saved["wall"]
+    problems = {
+        "round": (
+            1 <= saved["round"] <= rounds,
+            f"a training round of this run, 1 to {rounds}",
+            saved["round"],
+        ),
+        "now": (
+            math.isfinite(now) and math.isfinite(sim0) and now >= sim0,
+            "a finite time at or after the run's start (sim0)",
+            now,
+        ),
+        "wall": (math.isfinite(wall) and wall >= 0, "a finite number of seconds >= 0", wall),
+        "rounds": (
+            all(1 <= r <= saved["round"] for r in saved["rounds"])
+            and saved["rounds"] == sorted(set(saved["rounds"])),
+            f"increasing rounds up to the saved round {saved['round']}",
+            saved["rounds"][:8],
+        ),
+        "times": (
+            all(math.isfinite(t) and t <= now for t in saved["times"]),
+            "finite times up to the saved time",
+            saved["times"][:8],
+        ),
+        "reports": (
+            len(saved["reports"]) <= saved["round"],
+            f"at most one report per round played ({saved['round']})",
+            len(saved["reports"]),
+        ),
+    }
+    for key, (ok, expected, got) in problems.items():
+        if not ok:
+            raise CheckpointError(f"run state: {key}: expected {expected}, got {got!r:.60}")
+    saved_ids = set(saved["agents"]) | set(saved["remote"])
+    for which, ids in (
+        ("missing", agent_ids - saved_ids),
+        ("not in this run", saved_ids - agent_ids),
+    ):
+        if ids:
+            raise CheckpointError(
+                f"run state: agents: {len(ids)} {which} (e.g. {sorted(ids)[0]!r}): expected "
+                "the agents of this run's configuration"
+            )
 
 
 def _check_run_state(saved: Any, objects: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ def test_ten_simulated_minutes_cost_no_wall_time():
 
     wall = time.perf_counter()
     assert run(main()) == 600.0
-    assert time.perf_counter() - wall < 0.1
+    assert time.perf_counter() - wall < 60  # not the 600 s a real clock takes (loose: load)
 
 
 def test_timers_fire_in_time_order_at_their_virtual_times():
@@ -77,14 +77,14 @@ def test_deadlock_raises_a_clear_error_instead_of_hanging():
 
     async def main() -> None:
         task = asyncio.create_task(waiter(), name="client-0007")
-        await asyncio.sleep(3)
+        await asyncio.sleep(3000)
         await task
 
     wall = time.perf_counter()
-    with pytest.raises(DeadlockError, match=r"deadlock at t=3\.0.*client-0007") as info:
+    with pytest.raises(DeadlockError, match=r"deadlock at t=3000\.0.*client-0007") as info:
         run(main())
     assert isinstance(info.value, RuntimeError)
-    assert time.perf_counter() - wall < 1.0
+    assert time.perf_counter() - wall < 300  # not the 3,000 s a real clock takes (loose: load)
 
 
 def test_executor_work_is_waited_for_not_a_deadlock():

@@ -60,7 +60,6 @@ def feed(obs, n_agents=5, rounds=40, variant="9H-1M"):
 
 PTY_SCRIPT = textwrap.dedent(
     """
-    import time
     from foltr_async.observe.console import LiveConsole
 
     info = {info!r}
@@ -75,9 +74,8 @@ PTY_SCRIPT = textwrap.dedent(
             live.round_done("9H-1M", 1, r, metrics=m, messages=msgs, sim_time=1.5 * r)
             if r == 20:
                 live.event("attack", agent="eve-0", kind="lie")
-                time.sleep(0.3)  # let the refresh thread draw a frame mid-run
+                live._live.refresh()  # a frame mid-run, however slow the refresh thread is
         live.agent_changed("eve-0", "attacker", "malicious", 37, "update")
-        time.sleep(0.3)
     """
 )
 

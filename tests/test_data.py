@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from foltr_async.errors import DatasetError
 from foltr_async.ltr import data
-from foltr_async.ltr.data import load_fold, load_letor, normalise_per_query, write_letor
+from foltr_async.ltr.data import (
+    MAX_FEATURE_ID,
+    load_fold,
+    load_letor,
+    normalise_per_query,
+    write_letor,
+)
 from foltr_async.ltr.queryset import QuerySet
 
 
@@ -86,7 +92,7 @@ def test_n_features_pads_and_rejects_larger_ids(tmp_path):
         ("1 qid:1 1:nan", r"train\.txt:3: expected a finite number after '1:'"),
         ("1 qid:1 1:1e39", r"train\.txt:3: expected a finite number after '1:'"),
         ("1 qid:1 1:", r"train\.txt:3: expected '<feature id>:<value>'|expected a finite number"),
-        ("1 qid:1 0:5", r"train\.txt:3: expected a feature id \(integer 1-100000\)"),
+        ("1 qid:1 0:5", r"train\.txt:3: expected a feature id \(integer 1-10000\)"),
         ("1 qid:1 a:5", r"train\.txt:3: expected a feature id"),
         ("1 qid:1 12", r"train\.txt:3: expected '<feature id>:<value>', got '12'"),
         ("1 qid:1 1:2:3", r"train\.txt:3: expected '<feature id>:<value>', got '1:2:3'"),
@@ -101,6 +107,31 @@ def test_malformed_line_names_file_and_line(tmp_path, line, expected):
     with pytest.raises(DatasetError, match=expected) as info:
         load_letor(p, cache=False)
     assert "\n" not in str(info.value)
+
+
+def test_an_absurd_feature_id_is_refused_before_any_matrix_is_made(tmp_path, mq2008_dir):
+    """One ``100000:0.5`` token in MQ2008 made a 6 GB matrix (7.68 GB peak): it is now a
+    file:line error, and so is an id within range whose dense matrix would be too large."""
+    lines = (mq2008_dir / "train.txt").read_text().splitlines()
+    lines[4] = lines[4].replace(" 1:", " 100000:0.5 1:", 1)
+    p = _write(tmp_path, "\n".join(lines) + "\n")
+    with pytest.raises(
+        DatasetError, match=r"train\.txt:5: expected a feature id \(integer 1-10000\)"
+    ):
+        load_letor(p, cache=False)
+
+
+def test_a_feature_matrix_beyond_the_cap_names_the_line_of_its_largest_id(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MAX_DENSE_BYTES", 4 * 1000 * 100)  # 1,000 docs x 100 features
+    p = _write(tmp_path, "0 qid:1 1:1\n" * 999 + f"0 qid:2 {MAX_FEATURE_ID}:1\n")
+    with pytest.raises(
+        DatasetError,
+        match=r"train\.txt:1000: feature id 10000 makes these 1,000 "
+        r"documents a 0\.0373 GiB feature matrix; expected at most",
+    ):
+        load_letor(p, cache=False)
+    ok = _write(tmp_path, "0 qid:1 1:1\n" * 999 + "0 qid:2 100:1\n")
+    assert load_letor(ok, cache=False).n_features == 100
 
 
 def test_missing_file_empty_file_and_directory(tmp_path):
@@ -334,7 +365,7 @@ def _reference(lines: list[str]) -> tuple[dict, int | None]:
             feats = {}
             for tok in toks[2:]:
                 key, val = tok.split(":")  # ValueError unless exactly one colon
-                assert re.fullmatch(r"[0-9]{1,6}", key) and 1 <= int(key) <= 100_000
+                assert re.fullmatch(r"[0-9]{1,6}", key) and 1 <= int(key) <= MAX_FEATURE_ID
                 assert _NUM.fullmatch(val)
                 with np.errstate(over="ignore"):
                     assert math.isfinite(np.float32(float(val)))

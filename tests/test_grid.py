@@ -143,3 +143,56 @@ def test_validation_builds_every_fold_and_names_a_missing_one(tmp_path, mq2008_d
     check_scenario(load(tmp_path, text))  # a folder of folds is read fold by fold
     with pytest.raises(FoltrError, match=r"\[variant plain\]: dataset.path: .*Fold2: dataset file"):
         check_scenario(load(tmp_path, text.replace("[1]", "[1, 2]")))
+
+
+@pytest.mark.parametrize(
+    "name", ["../../x", "/abs", "a/b", "a\\\\b", "..", "a|b", "a\\nb", "a\\tb", "`x`", " a", ""]
+)
+def test_a_variant_name_that_leaves_the_folder_or_breaks_a_line_is_refused(tmp_path, name):
+    """Tracking folders and per-variant files are named by the variant, and summary.md has a
+    table row per variant: such a name is refused where the file is read, in one line."""
+    with pytest.raises(ScenarioError, match=r"g.toml: variants: expected a variant name") as e:
+        load(tmp_path, f'[variants."{name}"]\n')
+    assert "\n" not in str(e.value)
+
+
+def test_a_grid_name_made_from_values_follows_the_same_rule(tmp_path):
+    text = '[[grid]]\nname = "x-{aggregator}"\nproduct = { federation.aggregator = ["../../up"] }\n'
+    with pytest.raises(ScenarioError, match=r"variants: expected a variant name.*'x-\.\./\.\./up'"):
+        load(tmp_path, text)
+
+
+def test_names_with_spaces_dots_and_unicode_are_kept(tmp_path):
+    sc = load(tmp_path, '[variants."FPDGD (ε = 4.5) v1.2"]\n[variants."a.b-c_d"]\n')
+    assert list(sc.variants) == ["plain", "FPDGD (ε = 4.5) v1.2", "a.b-c_d"]
+
+
+MILLION = """
+[[grid]]
+name = "g-{a}-{b}-{c}"
+product = { federation.params.a = [ALL], federation.params.b = [ALL], federation.params.c = [ALL] }
+""".replace("ALL", ", ".join(str(i) for i in range(100)))
+
+
+def test_a_grid_of_a_million_variants_is_refused_before_any_is_built(tmp_path, monkeypatch):
+    monkeypatch.delenv("FOLTR_ASYNC_MAX_VARIANTS", raising=False)
+    assert len(MILLION) < 2500
+    with pytest.raises(
+        ScenarioError,
+        match=r"g.toml: grid: expands to more than 10,000 variants \(1,000,000 by grid\[0\]\); "
+        r"split the study, or raise the cap with FOLTR_ASYNC_MAX_VARIANTS=N",
+    ):
+        load(tmp_path, MILLION)
+
+
+def test_the_variant_cap_counts_every_grid_and_can_be_raised(tmp_path, monkeypatch):
+    two = '[[grid]]\nname = "c{clients}"\nproduct = { federation.clients = [2, 3, 4] }\n' * 2
+    two = two.replace('"c{clients}"', '"d{clients}"', 1)
+    monkeypatch.setenv("FOLTR_ASYNC_MAX_VARIANTS", "5")
+    with pytest.raises(ScenarioError, match=r"more than 5 variants \(6 by grid\[1\]\)"):
+        load(tmp_path, two)
+    monkeypatch.setenv("FOLTR_ASYNC_MAX_VARIANTS", "6")
+    assert len(load(tmp_path, two).variants) == 7  # and [variants.plain]
+    monkeypatch.setenv("FOLTR_ASYNC_MAX_VARIANTS", "lots")
+    with pytest.raises(ScenarioError, match=r"FOLTR_ASYNC_MAX_VARIANTS: expected an integer >= 1"):
+        load(tmp_path, two)

@@ -282,3 +282,14 @@ def test_results_made_by_other_code_are_neither_reused_nor_merged(runs, tmp_path
     assert "code" not in _read(out)
     assert main(["merge", str(runs / "a"), str(runs / "b"), "--out", str(tmp_path / "m")]) == 0
     assert _read(tmp_path / "m")["code"] == whole["code"]
+
+
+@pytest.mark.parametrize("name", ["x | injected | row", "../../up", "a\nb"])
+def test_a_part_whose_variant_name_would_break_the_summary_is_refused(runs, tmp_path, capsys, name):
+    res = _read(runs / "b")
+    res["variants"][name] = res["variants"].pop("attacked-median")
+    part = _write(tmp_path / "forged", res)
+    assert main(["merge", str(runs / "a"), str(part), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"variant {name!r}: expected a variant name" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -142,20 +142,26 @@ def test_a_diverged_model_stops_the_run_in_one_line_naming_its_variant(tmp_path,
 
 
 def fails_or_sleeps(cfg: dict, seed: int, name: str, repeat: int) -> dict:
-    """A job function: ``fails`` raises a one-line error, ``sleeps`` takes two minutes."""
+    """A job function: ``fails`` raises a one-line error once ``sleeps`` is running (its
+    marker file exists), ``sleeps`` takes ten minutes."""
+    started = Path(cfg["started"])
     if name == "fails":
-        time.sleep(1)  # the other job is running by now
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise FoltrError("the model diverged")
-    time.sleep(120)
+    started.touch()
+    time.sleep(600)
     return {}
 
 
-def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs():
+def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs(tmp_path):
+    cfg = {"started": str(tmp_path / "started")}
     start = time.monotonic()
     with pytest.raises(FoltrError, match="the model diverged") as err:
-        list(run_jobs([(0, 1, "sleeps", {}), (0, 1, "fails", {})], 2, work=fails_or_sleeps))
-    assert err.value.job[2] == "fails"
-    assert time.monotonic() - start < 60  # the sleeping job's process was ended
+        list(run_jobs([(0, 1, "sleeps", cfg), (0, 1, "fails", cfg)], 2, work=fails_or_sleeps))
+    assert err.value.job[2] == "fails" and (tmp_path / "started").exists()
+    assert time.monotonic() - start < 400  # the sleeping job's process was ended, not waited
 
 
 def test_parallel_jobs_start_longest_first_and_equal_costs_keep_their_order(tmp_path):

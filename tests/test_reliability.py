@@ -113,7 +113,7 @@ BAD_LETOR = [
     ("1 qid:3 1:nan", ":5: expected a finite number after '1:', got 'nan'"),
     ("1 qid:3 1:1e400", ":5: expected a finite number after '1:', got '1e400'"),
     ("1 qid:3 1:abc", ":5: expected a finite number after '1:', got 'abc'"),
-    ("1 qid:3 0:0.5", ":5: expected a feature id (integer 1-100000) before ':'"),
+    ("1 qid:3 0:0.5", ":5: expected a feature id (integer 1-10000) before ':'"),
     ("1 qid:3 1:0.5 1:0.3", ":5: feature id 1 appears twice"),
     ("1 qid: 1:0.5", ":5: expected 'qid:<id>' after the label, got 'qid:'"),
     ("1 qid:3 1:0.5\x00", ":5: unexpected control character '\\x00'"),
@@ -424,8 +424,8 @@ def test_any_appended_letor_line_is_data_or_one_line_naming_the_line(tmp_path_fa
     [
         ('[federation.params]\n"\\n" = false\n', "federation.params.'\\n': unknown key"),
         ('["x\\ny"]\n', "'x\\ny': unknown section"),
-        ('[variants."a\\nb"]\nfederation.rounds = 0\n', "[variant 'a\\nb']: federation.rounds"),
-        ('[variants." v"]\nfederation.rounds = 0\n', "[variant ' v']: federation.rounds"),
+        ('[variants."a\\nb"]\nfederation.rounds = 0\n', "variants: expected a variant name"),
+        ('[variants." v"]\nfederation.rounds = 0\n', "1 to 255 bytes, got ' v'"),
     ],
     ids=["key", "section", "variant", "variant-space"],
 )

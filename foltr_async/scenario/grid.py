@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+import os
 import re
 from typing import Any
 
@@ -42,17 +44,69 @@ GRID_FIELDS = {
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
+#: the most variants the grids of one file expand to; ``FOLTR_ASYNC_MAX_VARIANTS`` raises it
+#: (every variant is validated and built at load: a few ms and some kB each)
+MAX_VARIANTS = 10_000
+MAX_VARIANTS_ENV = "FOLTR_ASYNC_MAX_VARIANTS"
+
+
+def max_variants() -> int:
+    """The cap on grid variants: ``FOLTR_ASYNC_MAX_VARIANTS`` (a positive integer) or 10,000."""
+    text = os.environ.get(MAX_VARIANTS_ENV)
+    if text is None:
+        return MAX_VARIANTS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ScenarioError(f"{MAX_VARIANTS_ENV}: expected an integer >= 1, got {text!r}")
+    return value
+
 
 def expand_grids(grids: Any, where: str) -> dict[str, dict[str, Any]]:
     """``[[grid]]`` entries -> ``{variant name: override table}`` in file order."""
     if not isinstance(grids, list):
         raise fail(where, "grid", "an array of tables ([[grid]])", grids)
     out: dict[str, dict[str, Any]] = {}
+    cap, total = max_variants(), 0
     for i, entry in enumerate(grids):
+        total += _size(entry)
+        if total > cap:
+            raise ScenarioError(
+                f"{where}: grid: expands to more than {cap:,} variants ({total:,} by grid[{i}]); "
+                f"split the study, or raise the cap with {MAX_VARIANTS_ENV}=N"
+            )
         for name, table in _expand(entry, where, f"grid[{i}]").items():
             if name in out:
                 raise fail(where, f"grid[{i}].name", f"distinct variant names, {name!r} repeats")
             out[name] = table
+    return out
+
+
+def _size(entry: Any) -> int:
+    """How many variants a grid entry names, counted before any is built (0 when its shape is
+    wrong: ``_expand`` says what)."""
+    if not isinstance(entry, dict):
+        return 0
+    zipped, product = entry.get("zip") or {}, entry.get("product") or {}
+    if not isinstance(zipped, dict) or not isinstance(product, dict):
+        return 0
+    sizes = [len(v) for v in _lists(product)]
+    paired = _lists(zipped)
+    if paired:
+        sizes.append(min(len(v) for v in paired))
+    return math.prod(sizes) if sizes else 0
+
+
+def _lists(table: dict) -> list[list]:
+    """The lists at the leaves of a (dotted or nested) key table."""
+    out = []
+    for value in table.values():
+        if isinstance(value, dict):
+            out += _lists(value)
+        elif isinstance(value, list):
+            out.append(value)
     return out
 
 

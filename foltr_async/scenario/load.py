@@ -15,7 +15,7 @@ from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped
-from foltr_async.names import suggest
+from foltr_async.names import NAME_MAX, VARIANT_RULE, bad_variant_name, suggest
 from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
@@ -162,8 +162,6 @@ TIMELINE_FIELDS = {
 MAX_SCENARIO_BYTES = 4 * MB
 #: how deep a scenario's tables and arrays may nest (real ones: about 6)
 MAX_DEPTH = 32
-#: the longest folder name most file systems take (bytes): ``scenario.name`` is one
-NAME_MAX = 255
 #: what one variant's table holds (and what a ``[variants.NAME]`` table or ``--set`` may set)
 VARIANT_LEVEL = (*SECTIONS, "agents", "timeline")
 TOP_LEVEL = (*VARIANT_LEVEL, "variants", "grid")
@@ -228,6 +226,10 @@ def load_scenario(
     if not isinstance(variants_raw, dict):
         raise fail(where, "variants", "a table of named override tables", variants_raw)
     variants_raw = _with_grids(variants_raw, raw.pop("grid", []), where)
+    for name in variants_raw:
+        if bad_variant_name(name):
+            shown = name if len(name) <= 40 else f"{name[:40]}... ({len(name)} characters)"
+            raise fail(where, "variants", VARIANT_RULE, shown)
     parsed = [_parse_set(s) for s in overrides]
     for (keys, _), text in zip(parsed, overrides, strict=True):
         check_sections({keys[0]: None}, VARIANT_LEVEL, f"--set {text}")
