@@ -298,12 +298,13 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         _apply_threads(args.threads)
     else:
         _apply_threads(args.threads, (args.workers or 2) if args.transport == "zmq" else args.jobs)
-    from foltr_async.experiment import check_scenario, reused_repeats, run_scenario
-    from foltr_async.observe.console import make_reporter
-    from foltr_async.observe.log import configure_logging
+    # what a bad input needs, first: its one line does not wait for the results writer's
+    # statistics, the plots or the compiled kernel (scipy, matplotlib, numba)
     from foltr_async.scenario.load import load_scenario
 
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
+    from foltr_async.preflight import check_scenario
+
     if args.checkpoint_every < 0:
         raise FoltrError(
             f"--checkpoint-every: expected an integer >= 0, got {args.checkpoint_every}"
@@ -315,6 +316,10 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     jobs, executor = (1, "local") if serve else (args.jobs, args.executor)
     if zmq and (jobs != 1 or executor != "local"):
         raise FoltrError("--jobs / --executor: only with the memory transport")
+    from foltr_async.experiment import reused_repeats, run_scenario
+    from foltr_async.observe.console import make_reporter
+    from foltr_async.observe.log import configure_logging
+
     reused = reused_repeats(scenario, args.reuse) if args.reuse else None
     out = _out_dir(args, scenario)
     live = not args.quiet and sys.stdout.isatty()
@@ -523,7 +528,7 @@ def _cmd_validate(argv: list[str]) -> int:
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
     args = p.parse_args(argv)
-    from foltr_async.experiment import check_scenario
+    from foltr_async.preflight import check_scenario
     from foltr_async.scenario.load import load_scenario
 
     for path in args.scenario:
@@ -546,9 +551,14 @@ def _cmd_merge(argv: list[str]) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
     p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
     args = p.parse_args(argv)
+    if len(args.runs) < 2:
+        raise FoltrError("merge: give at least two run folders")
+    for run in args.runs:  # before the merge's imports (the statistics): a typo answers at once
+        if not run.exists():
+            raise FoltrError(f"{run}: no such run folder or results.json")
+    _refuse_taken(args.out)
     from foltr_async.merge import merge_runs
 
-    _refuse_taken(args.out)
     res = merge_runs(args.runs, args.out)
     seeds = sorted(
         {r["seed"] for v in res["variants"].values() for r in v["repeats"] if "seed" in r}
@@ -751,20 +761,21 @@ def _cmd_join(argv: list[str]) -> int:
     _add_threads(p, "the cores this process may use")
     args = p.parse_args(argv)
     _apply_threads(args.threads)
-    from foltr_async.distributed import join, parse_agents
-    from foltr_async.observe.log import configure_logging
-    from foltr_async.runtime.clock import run as run_loop
-    from foltr_async.runtime.zmqbus import load_worker_keys
     from foltr_async.scenario.load import load_scenario
 
-    claims = parse_agents(args.agents)
     if args.keys is None and not args.insecure:
         raise FoltrError(
             "join: give --keys DIR --name NAME (python -m foltr_async keys ...), or "
             "--insecure for plaintext without authentication"
         )
-    keys = None if args.insecure else load_worker_keys(args.keys, args.name)
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
+    from foltr_async.distributed import join, parse_agents
+    from foltr_async.observe.log import configure_logging
+    from foltr_async.runtime.clock import run as run_loop
+    from foltr_async.runtime.zmqbus import load_worker_keys
+
+    claims = parse_agents(args.agents)
+    keys = None if args.insecure else load_worker_keys(args.keys, args.name)
     configure_logging(events_path=None, json_logs=args.json_logs, console=False)
     run_loop(
         join(

@@ -19,8 +19,6 @@ import asyncio
 import hashlib
 import json
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter, load_results, measured_nothing
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
+from foltr_async.preflight import located
 from foltr_async.provenance import check_same_code, code_stamp
 from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
@@ -410,36 +409,6 @@ def _per_seed(variant: dict, last_round: int | None) -> dict[int, float]:
                 values[-1] if last_round is None else float(np.mean(values[-STABLE_LAST:]))
             )
     return out
-
-
-def check_scenario(scenario: Scenario) -> None:
-    """Build every variant as a run would, without its honest clients or any round: what the
-    run would reject at its start (a missing or broken dataset, more clients than queries, an
-    unknown timeline agent, a protocol's own checks) fails here, as one line naming the file
-    and the variant (every fold of a ``dataset.folds`` scenario is built: each is its own
-    data). ``validate`` and the CLI's run call it before anything is written."""
-    for name, cfg in scenario.variants.items():
-        for rep in range(max(1, len(scenario.folds))):
-            with located(scenario, name):
-                run_cfg = repeat_config(scenario, cfg, rep)
-                Simulation(run_cfg, scenario.seed, Observer(), name, hosts=_no_clients).build()
-
-
-def _no_clients(agent_id: str, group: str) -> bool:
-    return group != "clients"  # honest clients are many and their checks are the config's
-
-
-@contextmanager
-def located(scenario: Scenario, variant: str) -> Iterator[None]:
-    """Prefix a one-line error raised for ``variant`` with its file and variant name."""
-    try:
-        yield
-    except FoltrError as e:
-        where = scenario.where(variant)
-        if str(e).startswith(where):
-            raise
-        e.args = (f"{where}: {e}",)
-        raise
 
 
 def run_scenario(

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from foltr_async import cli
 from foltr_async.errors import FoltrError, ScenarioError
-from foltr_async.experiment import check_scenario
 from foltr_async.plugins import load_plugins
+from foltr_async.preflight import check_scenario
 from foltr_async.runtime.secure import scheme
 from foltr_async.scenario.load import SECTIONS, load_scenario, validate
 

@@ -204,7 +204,6 @@ def load_scenario(
     never loads anything)."""
     from foltr_async.plugins import load_plugins
 
-    load_plugins()
     path = Path(path)
     where = str(path)
     try:
@@ -223,6 +222,7 @@ def load_scenario(
         raw = None  # the parser's own stack: deeper than any limit below
     if raw is None or nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
         raise ScenarioError(f"{where}: nested deeper than {MAX_DEPTH} levels of tables and arrays")
+    load_plugins()  # after the read: a mistyped file name answers without importing them
     check_sections(raw, TOP_LEVEL, where)
     variants_raw = raw.pop("variants", {}) or {}
     if not isinstance(variants_raw, dict):
