@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from foltr_async import __version__
 from foltr_async.errors import FoltrError
 
 #: files a run writes into its output folder: --out refuses a folder holding any of them
@@ -61,6 +62,7 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
             "keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
+    p.add_argument("--version", action="version", version=f"foltr-async {__version__}")
     p.add_argument(
         "--out",
         type=Path,
@@ -203,6 +205,20 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_parallel(args: argparse.Namespace) -> None:
+    """``--jobs`` and ``--executor`` as given, before anything is read or written: a run
+    refused here leaves no output folder, so the same command can be given again."""
+    if args.jobs < 1:
+        raise FoltrError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    if args.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise FoltrError(
+                "--executor ray: Ray is not installed (pip install 'foltr-async[ray]')"
+            )
+
+
 def _add_threads(p: argparse.ArgumentParser, default: str) -> None:
     """The ``--threads N`` option of the commands that train FPDGD clients."""
     p.add_argument(
@@ -294,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_run(argv: list[str], serve: bool = False) -> int:
     args = _run_parser(serve).parse_args(argv)
+    if not serve:
+        _check_parallel(args)
     if serve:
         _apply_threads(args.threads)
     else:
@@ -619,7 +637,12 @@ def _cmd_dataset(argv: list[str]) -> int:
         help="recognise a published collection (MQ2007/MQ2008, MSLR-WEB10K/30K, Yahoo! LTR "
         "set 1, Istella-S) as distributed, validate every line, report what runs would see",
     )
-    check.add_argument("path", type=Path, help="the collection's folder")
+    check.add_argument(
+        "path",
+        type=Path,
+        help="the collection's folder, one fold's folder (train.txt, test.txt, optional "
+        "vali.txt) or a training file with test.txt beside it",
+    )
     args = p.parse_args(argv)
     if args.action == "check":
         return _dataset_check(args.path)
@@ -805,12 +828,22 @@ def _cmd_keys(argv: list[str]) -> int:
     add = sub.add_parser("add", help="one more authorised worker key pair")
     add.add_argument("dir", type=Path)
     add.add_argument("name")
+    for sp in (init, add):
+        sp.add_argument(
+            "--in-work-tree",
+            action="store_true",
+            help="write the secret keys even inside a git work tree that does not ignore them",
+        )
     args = p.parse_args(argv)
+    if args.action == "init" and args.workers < 0:
+        raise FoltrError(f"keys init --workers: expected an integer >= 0, got {args.workers}")
+    _refuse_committable_secrets(
+        args.dir / ("server.key_secret" if args.action == "init" else f"{args.name}.key_secret"),
+        args.in_work_tree,
+    )
     from foltr_async.runtime.zmqbus import add_worker_key, make_keys
 
     if args.action == "init":
-        if args.workers < 0:
-            raise FoltrError(f"keys init --workers: expected an integer >= 0, got {args.workers}")
         paths = make_keys(args.dir, args.workers)
     else:
         paths = add_worker_key(args.dir, args.name)
@@ -821,6 +854,23 @@ def _cmd_keys(argv: list[str]) -> int:
         f"NAME.key_secret + server.key"
     )
     return 0
+
+
+def _refuse_committable_secrets(secret: Path, allowed: bool) -> None:
+    """A secret key git would pick up is refused before any key is made (or, asked for with
+    --in-work-tree, written with a warning): one ``git add .`` would publish it."""
+    from foltr_async.worktree import unignored_in
+
+    root = unignored_in(secret)
+    if root is None:
+        return
+    where = f"{secret.parent} is inside the git work tree {root}, which does not ignore it"
+    if not allowed:
+        raise FoltrError(
+            f"keys: {where}: secret keys written there could be committed; choose a folder "
+            "outside the work tree, add it to .gitignore, or give --in-work-tree"
+        )
+    print(f"warning: keys: {where}; keep the *.key_secret files out of commits", file=sys.stderr)
 
 
 def _cmd_bench(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
-from foltr_async.inputs import MB, nesting_depth, read_capped
+from foltr_async.inputs import MB, nesting_depth, read_capped, relative_note
 from foltr_async.names import suggest
 from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
@@ -308,7 +308,7 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
             out.append((["dataset", "folds"], list(e.folds)))
             continue
         except DatasetError as e:
-            raise DatasetError(f"--set dataset.path: {e}") from None
+            raise DatasetError(f"--set dataset.path: {e}{relative_note(value)}") from None
         out[-1] = (keys, str(layout.root))
         out.append((["dataset", "folds"], list(layout.folds)))
         out.append((["dataset", "normalise"], layout.collection.normalise))
