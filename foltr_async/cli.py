@@ -542,21 +542,43 @@ class _nullcontext:
 
 
 def _cmd_validate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m foltr_async validate")
+    p = argparse.ArgumentParser(
+        prog="python -m foltr_async validate",
+        description="Check scenario files: keys, types, names, and that the data files they "
+        "name are there and start in their format (nothing is built: seconds for every "
+        "shipped scenario). Each file gets one line; the exit code is 2 if any failed.",
+    )
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
+    p.add_argument(
+        "--build",
+        action="store_true",
+        help="also build every variant as a run does before writing anything (datasets, "
+        "protocol, attackers, timeline): every data line, enough queries, a protocol's checks",
+    )
     args = p.parse_args(argv)
-    from foltr_async.preflight import check_scenario
     from foltr_async.scenario.load import load_scenario
 
+    failed = 0
     for path in args.scenario:
-        sc = load_scenario(path, args.sets)
-        check_scenario(sc)
+        try:
+            sc = load_scenario(path, args.sets)
+            from foltr_async.preflight import check_inputs, check_scenario
+
+            (check_scenario if args.build else check_inputs)(sc)
+        except FoltrError as e:
+            if len(args.scenario) == 1:
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+            continue
         print(
             f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"
         )
-    return 0
+    if failed:
+        print(f"{failed} of {len(args.scenario)} scenario files failed", file=sys.stderr)
+    return 2 if failed else 0
 
 
 def _cmd_merge(argv: list[str]) -> int:
@@ -569,12 +591,12 @@ def _cmd_merge(argv: list[str]) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
     p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
     args = p.parse_args(argv)
+    _refuse_taken(args.out)
     if len(args.runs) < 2:
         raise FoltrError("merge: give at least two run folders")
     for run in args.runs:  # before the merge's imports (the statistics): a typo answers at once
         if not run.exists():
             raise FoltrError(f"{run}: no such run folder or results.json")
-    _refuse_taken(args.out)
     from foltr_async.merge import merge_runs
 
     res = merge_runs(args.runs, args.out)
