@@ -21,20 +21,13 @@ from pathlib import Path
 
 from foltr_async import __version__
 from foltr_async.errors import FoltrError
+from foltr_async.outdir import new_folder, refuse_taken
 
-#: files a run writes into its output folder: --out refuses a folder holding any of them
-RESULT_FILES = (
-    "results.json",
-    "summary.md",
-    "curves.csv",
-    "curves.png",
-    "events.jsonl",
-    "checkpoint.pkl",
-)
 #: exit code of a finished run in which some variant learned or measured nothing
 NO_RESULT = 3
 COMMANDS = (
     "run",
+    "new",
     "validate",
     "list",
     "dataset",
@@ -58,8 +51,8 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make|check, traces import, bench, serve, join, "
-            "keys, merge.",
+            "new NAME --protocol P, validate SCENARIO, list, dataset make|check, traces "
+            "import, bench, serve, join, keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument("--version", action="version", version=f"foltr-async {__version__}")
@@ -290,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             if cmd == "serve":
                 return _cmd_run(rest, serve=True)
             return {
+                "new": _cmd_new,
                 "validate": _cmd_validate,
                 "list": _cmd_list,
                 "dataset": _cmd_dataset,
@@ -482,55 +476,17 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
             events.rename(out / f"events.{n}.jsonl")
         return out
     if args.out is None:
-        return _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        return new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
     out = args.out
-    _refuse_taken(out)
+    refuse_taken(out)
     try:  # create and claim it: of two runs started on it at once, one gets it
         out.mkdir(parents=True, exist_ok=True)
         (out / "events.jsonl").open("x").close()
     except FileExistsError:
-        _refuse_taken(out, ["events.jsonl"])
+        refuse_taken(out, ["events.jsonl"])
     except OSError as e:
         raise FoltrError(f"--out {out}: cannot create the folder: {e.strerror}") from None
     return out
-
-
-def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:
-    """--out must be a new or empty folder: one line saying what it is or already holds (a
-    run's results, or files that are none of ours); nothing in it is touched."""
-    if out.exists() and not out.is_dir():
-        raise FoltrError(f"--out {out}: not a folder")
-    held = [n for n in RESULT_FILES if (out / n).exists()] or list(claimed)
-    if held:
-        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
-        raise FoltrError(
-            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
-            f"replaced. Give a new or empty folder{hint}"
-        )
-    other = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if other:
-        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
-        raise FoltrError(
-            f"--out {out}: not empty and not a run's results folder (holds {shown}); nothing "
-            "was written. Give a new or empty folder"
-        )
-
-
-def _new_folder(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``, ... if another run (e.g. one started in the same
-    second) has it: a folder is created by exactly one run, so results never mix."""
-    out, n = base, 1
-    try:
-        base.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                out.mkdir()
-                return out
-            except FileExistsError:
-                n += 1
-                out = base.with_name(f"{base.name}-{n}")
-    except OSError as e:  # a file where a folder should be, no permission, a full disk
-        raise FoltrError(f"cannot create the output folder {out}: {e.strerror}") from None
 
 
 class _nullcontext:
@@ -539,6 +495,45 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+def _cmd_new(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m foltr_async new",
+        description="Write NAME.toml: a minimal, commented scenario that runs as written "
+        "(docs/SCENARIOS.md explains it).",
+    )
+    p.add_argument("name", help="the scenario's name (its results go to results/NAME/)")
+    p.add_argument("--protocol", default="fpdgd", help="federated protocol (default fpdgd)")
+    p.add_argument(
+        "--out", type=Path, help="file to write (default NAME.toml here); never replaced"
+    )
+    args = p.parse_args(argv)
+    import tomllib
+
+    from foltr_async.plugins import load_plugins
+    from foltr_async.scenario.load import validate
+    from foltr_async.scenario.template import scenario_text
+
+    text = scenario_text(args.name, args.protocol, load_plugins())
+    try:  # the file as a run reads it: a name no folder can have is refused here
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise FoltrError(f"new: {args.name!r}: not usable as a scenario name") from None
+    raw.pop("variants")
+    validate(raw, f"new {args.name}")
+    out = args.out or Path(f"{args.name}.toml")
+    try:
+        with open(out, "x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:
+        raise FoltrError(f"new: {out} exists already; nothing was replaced") from None
+    except OSError as e:
+        raise FoltrError(f"new: cannot write {out}: {e.strerror}") from None
+    print(
+        f"{out}: written; check it with: foltr-async validate {out}; run it with: foltr-async {out}"
+    )
+    return 0
 
 
 def _cmd_validate(argv: list[str]) -> int:
@@ -591,7 +586,7 @@ def _cmd_merge(argv: list[str]) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
     p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
     args = p.parse_args(argv)
-    _refuse_taken(args.out)
+    refuse_taken(args.out)
     if len(args.runs) < 2:
         raise FoltrError("merge: give at least two run folders")
     for run in args.runs:  # before the merge's imports (the statistics): a typo answers at once

@@ -14,7 +14,8 @@ import pytest
 from conftest import SHARED, shared_data
 
 from foltr_async import __version__
-from foltr_async.cli import RESULT_FILES, main
+from foltr_async.cli import main
+from foltr_async.outdir import RESULT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "fpdgd_batch.toml"

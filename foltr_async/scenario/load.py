@@ -222,7 +222,8 @@ def load_scenario(
         raw = None  # the parser's own stack: deeper than any limit below
     if raw is None or nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
         raise ScenarioError(f"{where}: nested deeper than {MAX_DEPTH} levels of tables and arrays")
-    load_plugins()  # after the read: a mistyped file name answers without importing them
+    # after the read: a mistyped file name answers without importing them
+    load_plugins(_plugin_modules(raw.pop("plugins", None), where), where)
     check_sections(raw, TOP_LEVEL, where)
     variants_raw = raw.pop("variants", {}) or {}
     if not isinstance(variants_raw, dict):
@@ -280,6 +281,21 @@ def load_scenario(
     folds = _folds(resolved, where)
     repeats = first["repeats"] * max(1, len(folds))
     return Scenario(path, first["name"], first["seed"], repeats, reference, resolved, folds)
+
+
+def _plugin_modules(table: Any, where: str) -> list[str]:
+    """``[plugins] modules = ["pkg.module", ...]``: the plugin modules the file needs, loaded
+    before anything in it is checked (top level only: every variant runs with them)."""
+    if table is None:
+        return []
+    if not isinstance(table, dict) or set(table) - {"modules"}:
+        extra = sorted(set(table) - {"modules"}) if isinstance(table, dict) else None
+        got = f"plugins.{extra[0]}" if extra else "plugins"
+        raise fail(where, got, 'a [plugins] table with one key, modules = ["pkg.module", ...]')
+    modules = table.get("modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise fail(where, "plugins.modules", "an array of module names", modules)
+    return modules
 
 
 def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any]]:
