@@ -230,7 +230,8 @@ class LiveConsole(Observer):
             # resetting its after-training rounds here drew its last round over the planned
             # ones ("round 220/200") until the next repeat started
             self._rounds_finished += self._cur_rounds
-            self._cur["finished"] = True
+            if self._cur:
+                self._cur["finished"] = True
             self._repeats_finished += 1
             if values and values[-1] is not None:
                 self._finals.setdefault(variant, []).append(float(values[-1]))

@@ -59,7 +59,7 @@ def scenario_text(name: str, protocol: str, registry: Registry) -> str:
 # {name}: a scenario of your own (made by `foltr-async new {name} --protocol {protocol}`).
 # Check it:  foltr-async validate {name}.toml
 # Run it:    foltr-async {name}.toml          (results in results/{name}/<time>/)
-# Every key and its default: docs/SCENARIOS.md; `foltr-async list` names the protocols,
+# What each part means: docs/SCENARIOS.md; `foltr-async list` names the protocols,
 # aggregators, attacks and dataset profiles.
 
 [scenario]
