@@ -65,7 +65,8 @@ rounds = 1
 
 
 def test_plugins_named_in_the_file_are_loaded_before_it_is_checked(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("FOLTR_ASYNC_PLUGINS", raising=False)  # put back as it was afterwards
+    # set (empty), so that it is put back as it was afterwards, even when it was unset
+    monkeypatch.setenv("FOLTR_ASYNC_PLUGINS", "")
     path = tmp_path / "plugged.toml"
     path.write_text(PLUGGED.format(module="plugin_retire"))  # tests/ is on sys.path
     assert main(["validate", str(path)]) == 0, capsys.readouterr().err
