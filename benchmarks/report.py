@@ -99,6 +99,21 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     console = Console()
+
+    def show(table: Table) -> None:
+        """A table at its natural width off a terminal (a pipe, a log file), where rich would
+        otherwise wrap its cells at 80 columns: one line per row, for the eye and for grep."""
+        if console.is_terminal:
+            console.print(table)
+            return
+        from rich.measure import Measurement
+
+        narrow = console.width
+        wide = console.options.update(width=1000, max_width=1000)
+        console.width = max(narrow, Measurement.get(console, wide, table).maximum)
+        console.print(table)
+        console.width = narrow  # the prose below still wraps as it would
+
     meta = results["meta"]
     checks = {c["metric"]: c for c in results["checks"]}
     dirty = " + local changes" if meta["dirty"] else ""
@@ -126,7 +141,7 @@ def render(results: dict) -> None:
     for suite, d in results.items():
         if isinstance(d, dict) and "error" in d:
             table.add_row(suite, "suite failed", "error", "", "[red]FAIL[/]")
-    console.print(table)
+    show(table)
     console.print(
         "target: the speed, size or accuracy the project aims for (docs/PERFORMANCE.md: which "
         "are met); FAIL marks a miss on this run (a busy machine misses more: see CPU share) "
@@ -157,7 +172,7 @@ def render(results: dict) -> None:
                 f"{r['speedup']:.2f}x",
                 "" if share is None else f"{share:.2f}",
             )
-        console.print(st)
+        show(st)
     rows = results.get("reference", {}).get("rows")
     if rows:
         rt = Table(title=f"next to {results['reference']['name']}")
@@ -173,7 +188,7 @@ def render(results: dict) -> None:
                 f"{r['times_better']:.1f}x",
                 str(r["reference_on"]),
             )
-        console.print(rt)
+        show(rt)
     rows = results.get("secagg", {}).get("rows")
     if rows:
         st = Table(title="secure aggregation: cost per round against the number of clients")
@@ -194,7 +209,7 @@ def render(results: dict) -> None:
                 f"{r['bytes_per_client_round'] / 1e3:.1f}",
                 f"{r['wall_s_per_round']:.3f}",
             )
-        console.print(st)
+        show(st)
     rows = results.get("csfltr", {}).get("rows")
     if rows:
         ct = Table(title="CS-F-LTR reverse top-K on one owner: RTK-Sketch vs NAIVE per term")

@@ -20,21 +20,15 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from foltr_async import __version__
 from foltr_async.errors import FoltrError
+from foltr_async.outdir import lock, new_folder, refuse_taken, release_locks
 
-#: files a run writes into its output folder: --out refuses a folder holding any of them
-RESULT_FILES = (
-    "results.json",
-    "summary.md",
-    "curves.csv",
-    "curves.png",
-    "events.jsonl",
-    "checkpoint.pkl",
-)
 #: exit code of a finished run in which some variant learned or measured nothing
 NO_RESULT = 3
 COMMANDS = (
     "run",
+    "new",
     "validate",
     "list",
     "dataset",
@@ -59,10 +53,11 @@ def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "validate SCENARIO, list, dataset make|check, traces import, bench, serve, join, "
-            "keys, merge.",
+            "new NAME --protocol P, validate SCENARIO, list, dataset make|check, traces "
+            "import, bench, serve, join, keys, merge.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
+    p.add_argument("--version", action="version", version=f"foltr-async {__version__}")
     p.add_argument(
         "--out",
         type=Path,
@@ -213,6 +208,20 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_parallel(args: argparse.Namespace) -> None:
+    """``--jobs`` and ``--executor`` as given, before anything is read or written: a run
+    refused here leaves no output folder, so the same command can be given again."""
+    if args.jobs < 1:
+        raise FoltrError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    if args.executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise FoltrError(
+                "--executor ray: Ray is not installed (pip install 'foltr-async[ray]')"
+            )
+
+
 def _add_threads(p: argparse.ArgumentParser, default: str) -> None:
     """The ``--threads N`` option of the commands that train FPDGD clients."""
     p.add_argument(
@@ -278,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        while _held_locks:  # the command is done with its output folder
-            _held_locks.pop().close()
+        release_locks()  # the command is done with its output folder
 
 
 def _main(argv: list[str] | None) -> int:
@@ -292,6 +300,7 @@ def _main(argv: list[str] | None) -> int:
             if cmd == "serve":
                 return _cmd_run(rest, serve=True)
             return {
+                "new": _cmd_new,
                 "validate": _cmd_validate,
                 "list": _cmd_list,
                 "dataset": _cmd_dataset,
@@ -313,16 +322,19 @@ def _main(argv: list[str] | None) -> int:
 
 def _cmd_run(argv: list[str], serve: bool = False) -> int:
     args = _run_parser(serve).parse_args(argv)
+    if not serve:
+        _check_parallel(args)
     if serve:
         _apply_threads(args.threads)
     else:
         _apply_threads(args.threads, (args.workers or 2) if args.transport == "zmq" else args.jobs)
-    from foltr_async.experiment import check_scenario, reused_repeats, run_scenario
-    from foltr_async.observe.console import make_reporter
-    from foltr_async.observe.log import configure_logging
+    # what a bad input needs, first: its one line does not wait for the results writer's
+    # statistics, the plots or the compiled kernel (scipy, matplotlib, numba)
     from foltr_async.scenario.load import load_scenario
 
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
+    from foltr_async.preflight import check_scenario
+
     if args.checkpoint_every < 0:
         raise FoltrError(
             f"--checkpoint-every: expected an integer >= 0, got {args.checkpoint_every}"
@@ -334,6 +346,10 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     jobs, executor = (1, "local") if serve else (args.jobs, args.executor)
     if zmq and (jobs != 1 or executor != "local"):
         raise FoltrError("--jobs / --executor: only with the memory transport")
+    from foltr_async.experiment import reused_repeats, run_scenario
+    from foltr_async.observe.console import make_reporter
+    from foltr_async.observe.log import configure_logging
+
     reused = reused_repeats(scenario, args.reuse) if args.reuse else None
     out = _out_dir(args, scenario)
     live = not args.quiet and sys.stdout.isatty()
@@ -511,7 +527,7 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
                 "--checkpoint-every K?)"
             )
         Checkpoints(out, scenario, resume=True)  # format, checksum, layout, configuration
-        _lock(out, "--resume")  # after the read-only checks: a refused one changes nothing
+        lock(out, "--resume")  # after the read-only checks: a refused one changes nothing
         for tmp in out.glob(".*.tmp"):  # half-written files of a killed run: never read
             tmp.unlink(missing_ok=True)
         events = out / "events.jsonl"
@@ -522,89 +538,20 @@ def _out_dir(args: argparse.Namespace, scenario) -> Path:
             events.rename(out / f"events.{n}.jsonl")
         return out
     if args.out is None:
-        out = _new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
-        _lock(out, "--out")
+        out = new_folder(Path("results") / name / datetime.now().strftime("%Y%m%d-%H%M%S"))
+        lock(out, "--out")
         return out
     out = args.out
-    _refuse_taken(out)
+    refuse_taken(out)
     try:  # create and claim it: of two runs started on it at once, one gets it
         out.mkdir(parents=True, exist_ok=True)
         (out / "events.jsonl").open("x").close()
     except FileExistsError:
-        _refuse_taken(out, ["events.jsonl"])
+        refuse_taken(out, ["events.jsonl"])
     except OSError as e:
         raise FoltrError(f"--out {out}: cannot create the folder: {e.strerror}") from None
-    _lock(out, "--out")
+    lock(out, "--out")
     return out
-
-
-#: the file a run holds locked in its output folder while it runs
-LOCK_FILE = ".lock"
-_held_locks: list = []  # open lock files: the lock lasts until this process exits
-
-
-def _lock(out: Path, flag: str) -> None:
-    """Hold ``out``'s lock (``flock``) for the rest of this process: two runs in one folder
-    (two ``--resume`` of it, say) would interleave their checkpoints and results, so the
-    second stops here in one line. The kernel releases it when the process ends, however."""
-    import fcntl
-
-    try:
-        fh = open(out / LOCK_FILE, "a")  # noqa: SIM115 - held open until the process exits
-    except OSError as e:
-        raise FoltrError(f"{flag} {out}: cannot write in the folder: {e.strerror}") from None
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.close()
-        raise FoltrError(
-            f"{flag} {out}: in use by another run (it holds {out / LOCK_FILE}); wait for it to "
-            "end or stop it, then try again"
-        ) from None
-    _held_locks.append(fh)
-
-
-def _refuse_taken(out: Path, claimed: list[str] = ()) -> None:
-    """--out must be a new or empty folder: one line saying what it is or already holds (a
-    run's results, or files that are none of ours); nothing in it is touched."""
-    if out.is_symlink() and not out.exists():
-        raise FoltrError(
-            f"--out {out}: a symbolic link to {out.readlink()}, which does not exist; create "
-            "that folder or give another one"
-        )
-    if out.exists() and not out.is_dir():
-        raise FoltrError(f"--out {out}: not a folder")
-    held = [n for n in RESULT_FILES if (out / n).exists()] or list(claimed)
-    if held:
-        hint = f", or --resume {out} to continue its run" if "checkpoint.pkl" in held else ""
-        raise FoltrError(
-            f"--out {out}: already holds a run's results ({', '.join(held)}); nothing was "
-            f"replaced. Give a new or empty folder{hint}"
-        )
-    other = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if other:
-        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
-        raise FoltrError(
-            f"--out {out}: not empty and not a run's results folder (holds {shown}); nothing "
-            "was written. Give a new or empty folder"
-        )
-
-
-def _new_folder(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``, ... if another run (e.g. one started in the same
-    second) has it: a folder is created by exactly one run, so results never mix."""
-    out, n = base, 1
-    try:
-        base.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:
-                out.mkdir()
-                return out
-            except FileExistsError:
-                n += 1
-                out = base.with_name(f"{base.name}-{n}")
-    except OSError as e:  # a file where a folder should be, no permission, a full disk
-        raise FoltrError(f"cannot create the output folder {out}: {e.strerror}") from None
 
 
 class _nullcontext:
@@ -615,22 +562,83 @@ class _nullcontext:
         return False
 
 
+def _cmd_new(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m foltr_async new",
+        description="Write NAME.toml: a minimal, commented scenario that runs as written "
+        "(docs/SCENARIOS.md explains it).",
+    )
+    p.add_argument("name", help="the scenario's name (its results go to results/NAME/)")
+    p.add_argument("--protocol", default="fpdgd", help="federated protocol (default fpdgd)")
+    p.add_argument(
+        "--out", type=Path, help="file to write (default NAME.toml here); never replaced"
+    )
+    args = p.parse_args(argv)
+    import tomllib
+
+    from foltr_async.plugins import load_plugins
+    from foltr_async.scenario.load import validate
+    from foltr_async.scenario.template import scenario_text
+
+    text = scenario_text(args.name, args.protocol, load_plugins())
+    try:  # the file as a run reads it: a name no folder can have is refused here
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise FoltrError(f"new: {args.name!r}: not usable as a scenario name") from None
+    raw.pop("variants")
+    validate(raw, f"new {args.name}")
+    out = args.out or Path(f"{args.name}.toml")
+    try:
+        with open(out, "x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:
+        raise FoltrError(f"new: {out} exists already; nothing was replaced") from None
+    except OSError as e:
+        raise FoltrError(f"new: cannot write {out}: {e.strerror}") from None
+    print(
+        f"{out}: written; check it with: foltr-async validate {out}; run it with: foltr-async {out}"
+    )
+    return 0
+
+
 def _cmd_validate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m foltr_async validate")
+    p = argparse.ArgumentParser(
+        prog="python -m foltr_async validate",
+        description="Check scenario files: keys, types, names, and that the data files they "
+        "name are there and start in their format (nothing is built: seconds for every "
+        "shipped scenario). Each file gets one line; the exit code is 2 if any failed.",
+    )
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
+    p.add_argument(
+        "--build",
+        action="store_true",
+        help="also build every variant as a run does before writing anything (datasets, "
+        "protocol, attackers, timeline): every data line, enough queries, a protocol's checks",
+    )
     args = p.parse_args(argv)
-    from foltr_async.experiment import check_scenario
     from foltr_async.scenario.load import load_scenario
 
+    failed = 0
     for path in args.scenario:
-        sc = load_scenario(path, args.sets)
-        check_scenario(sc)
+        try:
+            sc = load_scenario(path, args.sets)
+            from foltr_async.preflight import check_inputs, check_scenario
+
+            (check_scenario if args.build else check_inputs)(sc)
+        except FoltrError as e:
+            if len(args.scenario) == 1:
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+            continue
         print(
             f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"
         )
-    return 0
+    if failed:
+        print(f"{failed} of {len(args.scenario)} scenario files failed", file=sys.stderr)
+    return 2 if failed else 0
 
 
 def _cmd_merge(argv: list[str]) -> int:
@@ -643,9 +651,14 @@ def _cmd_merge(argv: list[str]) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="run output folders (or results.json)")
     p.add_argument("--out", type=Path, required=True, help="output folder, new or empty")
     args = p.parse_args(argv)
+    refuse_taken(args.out)
+    if len(args.runs) < 2:
+        raise FoltrError("merge: give at least two run folders")
+    for run in args.runs:  # before the merge's imports (the statistics): a typo answers at once
+        if not run.exists():
+            raise FoltrError(f"{run}: no such run folder or results.json")
     from foltr_async.merge import merge_runs
 
-    _refuse_taken(args.out)
     res = merge_runs(args.runs, args.out)
     seeds = sorted(
         {r["seed"] for v in res["variants"].values() for r in v["repeats"] if "seed" in r}
@@ -712,7 +725,12 @@ def _cmd_dataset(argv: list[str]) -> int:
         help="recognise a published collection (MQ2007/MQ2008, MSLR-WEB10K/30K, Yahoo! LTR "
         "set 1, Istella-S) as distributed, validate every line, report what runs would see",
     )
-    check.add_argument("path", type=Path, help="the collection's folder")
+    check.add_argument(
+        "path",
+        type=Path,
+        help="the collection's folder, one fold's folder (train.txt, test.txt, optional "
+        "vali.txt) or a training file with test.txt beside it",
+    )
     args = p.parse_args(argv)
     if args.action == "check":
         return _dataset_check(args.path)
@@ -854,20 +872,21 @@ def _cmd_join(argv: list[str]) -> int:
     _add_threads(p, "the cores this process may use")
     args = p.parse_args(argv)
     _apply_threads(args.threads)
-    from foltr_async.distributed import join, parse_agents
-    from foltr_async.observe.log import configure_logging
-    from foltr_async.runtime.clock import run as run_loop
-    from foltr_async.runtime.zmqbus import load_worker_keys
     from foltr_async.scenario.load import load_scenario
 
-    claims = parse_agents(args.agents)
     if args.keys is None and not args.insecure:
         raise FoltrError(
             "join: give --keys DIR --name NAME (python -m foltr_async keys ...), or "
             "--insecure for plaintext without authentication"
         )
-    keys = None if args.insecure else load_worker_keys(args.keys, args.name)
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
+    from foltr_async.distributed import join, parse_agents
+    from foltr_async.observe.log import configure_logging
+    from foltr_async.runtime.clock import run as run_loop
+    from foltr_async.runtime.zmqbus import load_worker_keys
+
+    claims = parse_agents(args.agents)
+    keys = None if args.insecure else load_worker_keys(args.keys, args.name)
     configure_logging(events_path=None, json_logs=args.json_logs, console=False)
     run_loop(
         join(
@@ -897,12 +916,22 @@ def _cmd_keys(argv: list[str]) -> int:
     add = sub.add_parser("add", help="one more authorised worker key pair")
     add.add_argument("dir", type=Path)
     add.add_argument("name")
+    for sp in (init, add):
+        sp.add_argument(
+            "--in-work-tree",
+            action="store_true",
+            help="write the secret keys even inside a git work tree that does not ignore them",
+        )
     args = p.parse_args(argv)
+    if args.action == "init" and args.workers < 0:
+        raise FoltrError(f"keys init --workers: expected an integer >= 0, got {args.workers}")
+    _refuse_committable_secrets(
+        args.dir / ("server.key_secret" if args.action == "init" else f"{args.name}.key_secret"),
+        args.in_work_tree,
+    )
     from foltr_async.runtime.zmqbus import add_worker_key, make_keys
 
     if args.action == "init":
-        if args.workers < 0:
-            raise FoltrError(f"keys init --workers: expected an integer >= 0, got {args.workers}")
         paths = make_keys(args.dir, args.workers)
     else:
         paths = add_worker_key(args.dir, args.name)
@@ -913,6 +942,23 @@ def _cmd_keys(argv: list[str]) -> int:
         f"NAME.key_secret + server.key"
     )
     return 0
+
+
+def _refuse_committable_secrets(secret: Path, allowed: bool) -> None:
+    """A secret key git would pick up is refused before any key is made (or, asked for with
+    --in-work-tree, written with a warning): one ``git add .`` would publish it."""
+    from foltr_async.worktree import unignored_in
+
+    root = unignored_in(secret)
+    if root is None:
+        return
+    where = f"{secret.parent} is inside the git work tree {root}, which does not ignore it"
+    if not allowed:
+        raise FoltrError(
+            f"keys: {where}: secret keys written there could be committed; choose a folder "
+            "outside the work tree, add it to .gitignore, or give --in-work-tree"
+        )
+    print(f"warning: keys: {where}; keep the *.key_secret files out of commits", file=sys.stderr)
 
 
 def _cmd_bench(argv: list[str]) -> int:

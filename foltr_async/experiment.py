@@ -37,6 +37,7 @@ from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter, final_value, load_results
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.parallel import Job, run_jobs
+from foltr_async.preflight import located
 from foltr_async.provenance import check_same_code, code_stamp
 from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
@@ -422,36 +423,6 @@ def _per_seed(variant: dict) -> dict[int, float]:
     """Per seed: the repeat's final value (``final_value``, the table's), where it has one."""
     finals = {rep["seed"]: final_value(rep, METRIC) for rep in variant["repeats"]}
     return {seed: v for seed, v in finals.items() if v is not None}
-
-
-def check_scenario(scenario: Scenario) -> None:
-    """Build every variant as a run would, without its honest clients or any round: what the
-    run would reject at its start (a missing or broken dataset, more clients than queries, an
-    unknown timeline agent, a protocol's own checks) fails here, as one line naming the file
-    and the variant (every fold of a ``dataset.folds`` scenario is built: each is its own
-    data). ``validate`` and the CLI's run call it before anything is written."""
-    for name, cfg in scenario.variants.items():
-        for rep in range(max(1, len(scenario.folds))):
-            with located(scenario, name):
-                run_cfg = repeat_config(scenario, cfg, rep)
-                Simulation(run_cfg, scenario.seed, Observer(), name, hosts=_no_clients).build()
-
-
-def _no_clients(agent_id: str, group: str) -> bool:
-    return group != "clients"  # honest clients are many and their checks are the config's
-
-
-@contextmanager
-def located(scenario: Scenario, variant: str) -> Iterator[None]:
-    """Prefix a one-line error raised for ``variant`` with its file and variant name."""
-    try:
-        yield
-    except FoltrError as e:
-        where = scenario.where(variant)
-        if str(e).startswith(where):
-            raise
-        e.args = (f"{where}: {e}",)
-        raise
 
 
 def run_scenario(

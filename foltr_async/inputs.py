@@ -47,3 +47,12 @@ def nesting_depth(obj: object, limit: int) -> int:
         elif isinstance(node, list):
             todo += [(v, depth + 1) for v in node]
     return deepest
+
+
+def relative_note(path: str | Path) -> str:
+    """What a relative path that does not exist was looked up from, for its one-line error
+    (a scenario file's ``dataset.path`` is read from the current folder, not the file's)."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return ""
+    return f" (a relative path: looked up from the current folder {Path.cwd()})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -82,15 +83,30 @@ def load_module(module: ModuleType, source: str) -> None:
             raise FoltrError(f"{source}: {module.__name__}: {e}") from None
 
 
-def load_plugins() -> Registry:
-    """Import the built-in modules and the ``FOLTR_ASYNC_PLUGINS`` ones and install what they
-    provide; return the filled registry."""
+def load_plugins(named: Sequence[str] = (), source: str = "") -> Registry:
+    """Import the built-in modules, the ``FOLTR_ASYNC_PLUGINS`` ones and ``named`` (a scenario
+    file's ``[plugins] modules``; ``source`` is that file) and install what they provide;
+    return the filled registry. A ``named`` module joins ``FOLTR_ASYNC_PLUGINS`` in this
+    process's environment, so the processes it starts (``--jobs``, local ZeroMQ workers) load
+    it too."""
     for name in BUILTIN:
         load_module(importlib.import_module(name), name)
-    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            module = importlib.import_module(name)
-        except ImportError as e:
-            raise FoltrError(f"{PLUGINS_ENV}: cannot import {name!r}: {e}") from None
-        load_module(module, PLUGINS_ENV)
+    env = [n for n in (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",")) if n]
+    for name in env:
+        load_module(_import(name, f"{PLUGINS_ENV}: cannot import"), PLUGINS_ENV)
+    where = f"{source}: plugins.modules"
+    for name in named:
+        load_module(_import(name, f"{where}: cannot import"), where)
+        if name not in env:
+            env.append(name)
+            os.environ[PLUGINS_ENV] = ",".join(env)
     return REGISTRY
+
+
+def _import(name: str, what: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise FoltrError(
+            f"{what} {name!r}: {e} (a module importable from the current folder or installed)"
+        ) from None

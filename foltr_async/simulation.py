@@ -28,6 +28,7 @@ from foltr_async.contract import (
     partitioner,
 )
 from foltr_async.errors import DatasetError, ScenarioError
+from foltr_async.inputs import relative_note
 from foltr_async.ltr.clicks import grade_scale
 from foltr_async.ltr.threads import one_blas_thread
 from foltr_async.observe.observer import Observer
@@ -248,8 +249,9 @@ class Simulation:
         try:
             data = load_datasets(cfg)
         except DatasetError as e:  # name the scenario key behind it
-            key = "dataset.path" if cfg["dataset"]["path"] else "dataset.n_queries"
-            raise DatasetError(f"{key}: {e}") from None
+            path = cfg["dataset"]["path"]
+            key = "dataset.path" if path else "dataset.n_queries"
+            raise DatasetError(f"{key}: {e}{relative_note(path) if path else ''}") from None
         entry = REGISTRY.protocols[fed["protocol"]]
         n_mal = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
         self.probe = Probe()

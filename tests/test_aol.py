@@ -333,7 +333,7 @@ def test_bad_release_is_one_line_naming_file_and_line(tmp_path, capsys, case):
     damage(folder)
     clients = 5 if case == "too few users" else 4
     path = scenario(tmp_path, folder, clients=clients)
-    code = cli.main(["validate", str(path)])
+    code = cli.main(["validate", "--build", str(path)])
     err = capsys.readouterr().err
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -363,7 +363,7 @@ def test_replay_refuses_what_it_cannot_honour(tmp_path, capsys, release, extra, 
         text = text.replace('protocol = "fpdgd"', 'protocol = "foltr_es"')
         text = text.split("[variants.sync]")[0]
     path.write_text(text)
-    code = cli.main(["validate", str(path)])
+    code = cli.main(["validate", "--build", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err, err

@@ -114,3 +114,32 @@ def test_clients_and_interactions_size_the_paper_scale_runs():
     assert (sizes.fpdgd_clients, sizes.es_clients, sizes.bus_clients) == (62_500,) * 3
     assert sizes.fpdgd_window == 8  # 62,500 clients x 2 queries x 8 rounds = 10^6
     assert FULL.at_scale(None, None) == FULL
+
+
+def test_the_table_keeps_one_line_per_row_when_piped(capsys, monkeypatch):
+    from foltr_async.benchmarks.report import render
+
+    monkeypatch.setenv("COLUMNS", "80")  # what a pipe or a batch log gets by default
+    meta = {
+        "commit": "abcdef123456",
+        "dirty": False,
+        "quick": True,
+        "cores": 2,
+        "python": "3.11",
+        "numpy": "2.1",
+        "load_average": "1.0",
+    }
+    results = {
+        "meta": meta,
+        "checks": [{"metric": "pdgd_kernel.us_per_client", "target": "< 100", "ok": True}],
+        "fpdgd": {"paper_run_s": 24.6, "cpu_share": 0.93},
+        "pdgd_kernel": {"us_per_client": 45.6, "cpu_share": 0.97},
+    }
+    render(results)
+    out = capsys.readouterr().out.splitlines()
+    for label, value in (
+        ("200-round paper run (extrapolated)", "24.6 s"),
+        ("FPDGD local training per client (2 queries)", "45.6 us"),
+    ):
+        row = next(line for line in out if label.split()[0] in line)
+        assert label in row and value in row, row

@@ -11,6 +11,7 @@ import sys
 import termios
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ from rich.console import Console
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.console import LiveConsole, PlainReporter, make_reporter, sparkline
 from foltr_async.observe.log import close_logging, configure_logging
+from foltr_async.observe.progress import ProgressLines
 
+ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 INFO = {
     "scenario": "demo",
@@ -127,6 +130,11 @@ def test_live_console_draws_in_a_pseudo_terminal(tmp_path):
     assert "dropped" in screen or "drops" in screen
 
 
+def tall() -> Console:
+    """A terminal with room for the whole panel."""
+    return Console(file=io.StringIO(), width=130, height=60)
+
+
 def render(live: LiveConsole) -> str:
     out = io.StringIO()
     Console(file=out, width=130, force_terminal=False, color_system=None).print(live._render())
@@ -134,7 +142,7 @@ def render(live: LiveConsole) -> str:
 
 
 def test_live_console_summarises_large_federations():
-    live = LiveConsole(Console(file=io.StringIO()), max_agents=10)
+    live = LiveConsole(tall(), max_agents=10)
     live.start = lambda: None  # render by hand, no live thread
     feed(live, n_agents=500)
     screen = render(live)
@@ -151,7 +159,7 @@ def test_live_console_summarises_large_federations():
 
 
 def test_live_console_progress_over_repeats():
-    live = LiveConsole(Console(file=io.StringIO()))
+    live = LiveConsole(tall())
     live.start = lambda: None
     feed(live, rounds=50, variant="10H-0M")
     live.repeat_done("10H-0M", 1, {"seed": 1234, "offline": {"ndcg@10": [0.35, 0.4]}})
@@ -174,15 +182,18 @@ def test_sparkline_scales_to_range():
 
 
 def test_make_reporter_picks_plain_output_off_a_terminal():
-    assert isinstance(make_reporter(False, io.StringIO()), PlainReporter)
-    assert isinstance(make_reporter(True, io.StringIO()), PlainReporter)
+    def kinds(reporter) -> list[type]:
+        return [type(o) for o in getattr(reporter, "observers", [reporter])]
+
+    assert kinds(make_reporter(False, io.StringIO())) == [PlainReporter, ProgressLines]
+    assert kinds(make_reporter(True, io.StringIO())) == [PlainReporter, ProgressLines]
 
     class Tty(io.StringIO):
         def isatty(self):
             return True
 
     assert isinstance(make_reporter(False, Tty()), LiveConsole)
-    assert isinstance(make_reporter(True, Tty()), PlainReporter)
+    assert kinds(make_reporter(True, Tty())) == [PlainReporter, ProgressLines]
 
 
 # --- plain reporter and structlog setup ------------------------------------------------------
@@ -309,7 +320,7 @@ def test_live_console_progress_lines_go_to_the_file_not_the_screen(tmp_path):
 
 
 def test_rounds_after_training_do_not_push_progress_past_100_percent():
-    live = LiveConsole(Console(file=io.StringIO()))
+    live = LiveConsole(tall())
     live.start = lambda: None
     info = {**INFO, "variants": ["9H-1M"], "repeats": 1, "rounds": {"9H-1M": 40}}
     live.run_started(info)
@@ -322,7 +333,7 @@ def test_rounds_after_training_do_not_push_progress_past_100_percent():
 
 
 def test_empty_rounds_show_on_the_current_line():
-    live = LiveConsole(Console(file=io.StringIO()))
+    live = LiveConsole(tall())
     live.start = lambda: None
     feed(live, rounds=3)
     assert "empty rounds" not in render(live)
@@ -375,3 +386,102 @@ def test_final_column_reads_the_tables_definition_of_final():
     live.repeat_done("10H-0M", 1, {"offline": {"ndcg@10": [0.0]}, "judged_queries": 0})
     screen = render(live)
     assert "0.5000 ± 0.0000 (1)" in screen and "(2)" not in screen
+
+
+def test_a_finished_repeat_never_reads_past_its_planned_rounds():
+    live = LiveConsole(tall())
+    live.start = lambda: None
+    info = {**INFO, "variants": ["9H-1M"], "repeats": 1, "rounds": {"9H-1M": 40}}
+    live.run_started(info)
+    live.repeat_started("9H-1M", 0, 1)
+    for r in range(1, 45):  # 40 training rounds, then 4 of unlearning calibration
+        live.round_done("9H-1M", 0, r, metrics=None, messages=MESSAGES, sim_time=1.0 * r)
+    live.repeat_done("9H-1M", 0, {"seed": 1, "offline": {"ndcg@10": [0.4]}})
+    live.run_done({"variants": {}})
+    screen = render(live)  # the last frame
+    assert "round 44/40" not in screen
+    assert "round 40/40 + 4 after training" in screen
+    assert "40/40 rounds 100%" in screen and "repeats 1/1" in screen
+
+
+def test_an_80x24_terminal_gets_a_compact_panel_that_fits():
+    live = LiveConsole(Console(file=io.StringIO(), width=80, height=24), max_agents=10)
+    live.start = lambda: None
+    variants = [f"{p}%-{agg}" for p in (0, 20, 40) for agg in ("fedavg", "krum", "median")]
+    variants += [f"{v}-{i}" for i in range(2) for v in variants]  # 27 variants
+    info = {**INFO, "variants": variants, "rounds": dict.fromkeys(variants, 50)}
+    live.run_started(info)
+    live.repeat_started(variants[0], 0, 1)
+    for i in range(300):
+        live.agent_changed(f"client-{i:04d}", "client", "active", 0, None)
+    for r in range(1, 31):
+        metrics = {"ndcg@10": 0.3 + 0.002 * r} if r % 5 == 0 else None
+        live.round_done(variants[0], 0, r, metrics=metrics, messages=MESSAGES, sim_time=r)
+        live.event("attack", agent="eve-0", round=r)
+    out = io.StringIO()
+    Console(file=out, width=80, height=24, force_terminal=False, color_system=None).print(
+        live._render()
+    )
+    screen = out.getvalue().splitlines()
+    assert len(screen) <= 24
+    assert all(len(line) <= 80 for line in screen)
+    text = "\n".join(screen)
+    assert "overall" in text and "round 30/50" in text
+    assert "0%-fedavg" in text and "more variants" in text
+    tall_live = LiveConsole(tall(), max_agents=10)  # the same run on a tall terminal: all of it
+    tall_live.start = lambda: None
+    tall_live.run_started({**info, "variants": variants[:2]})
+    tall_live.repeat_started(variants[0], 0, 1)
+    tall_live.agent_changed("client-0000", "client", "active", 0, None)
+    tall_live.event("attack", agent="eve-0", round=1)
+    full = render(tall_live)
+    assert "client-0000" in full and "attack" in full and "more variants" not in full
+
+
+def test_progress_lines_say_repeat_k_of_n_and_an_eta_at_a_wall_clock_cadence():
+    now = [0.0]
+    out = io.StringIO()
+    lines = ProgressLines(out, every=30.0, clock=lambda: now[0])
+    info = {**INFO, "rounds": {"10H-0M": 50, "9H-1M": 50}}  # 2 variants x 2 repeats
+    lines.run_started(info)
+    for k, (variant, rep) in enumerate([("10H-0M", 0), ("9H-1M", 0)]):
+        lines.repeat_started(variant, rep, 7 + k)
+        for r in range(1, 56):  # 50 training rounds, 5 after: no progress past 100%
+            now[0] += 1.0  # one wall second a round
+            lines.round_done(variant, rep, r, metrics=None, messages=MESSAGES, sim_time=r)
+        lines.repeat_done(variant, rep, {"seed": 7 + k, "offline": {"ndcg@10": [0.3, 0.41]}})
+    text = out.getvalue().splitlines()
+    assert text == [
+        "demo: 2 variants x 2 repeats = 4 runs, 200 rounds",
+        "repeat 1 of 4: 10H-0M (seed 7) round 30/50; overall 15%, wall 0:00:30, ETA 0:02:50",
+        "repeat 1 of 4 done: 10H-0M (seed 7) ndcg@10 0.4100; overall 25%, wall 0:00:55, "
+        "ETA 0:02:45",
+        "repeat 2 of 4: 9H-1M (seed 8) round 30/50; overall 40%, wall 0:01:25, ETA 0:02:07",
+        "repeat 2 of 4 done: 9H-1M (seed 8) ndcg@10 0.4100; overall 50%, wall 0:01:50, ETA 0:01:50",
+    ]
+    assert len(text) == 5  # a line per repeat, round lines no more often than every 30 s
+
+
+def test_a_piped_run_prints_progress_lines_not_the_panel(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "foltr_async",
+            str(ROOT / "scenarios" / "fpdgd_batch.toml"),
+            "--only",
+            "B2",
+            "--set",
+            "federation.rounds=3",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout  # no terminal drawing in a file
+    assert "repeat 1 of 2 done: B2 (seed 1) ndcg@10 " in proc.stdout
+    assert "repeat 2 of 2 done: B2 (seed 2)" in proc.stdout and "overall 100%" in proc.stdout

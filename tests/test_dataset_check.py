@@ -325,7 +325,15 @@ def test_large_files_report_their_progress_on_stderr(collections, capsys, monkey
 
 
 def test_a_path_that_is_no_collection_fails_the_scenario_in_one_line(tmp_path, capsys):
-    code = main(["validate", str(REPRODUCE / "fpdgd_dp.toml"), "--set", f"dataset.path={tmp_path}"])
+    code = main(
+        [
+            "validate",
+            "--build",
+            str(REPRODUCE / "fpdgd_dp.toml"),
+            "--set",
+            f"dataset.path={tmp_path}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"--set dataset.path: {tmp_path}: no collection layout here" in err
@@ -370,11 +378,21 @@ def test_a_reproduce_file_runs_on_a_yahoo_layout_with_5_grade_users(collections,
 
 def test_what_a_collection_lacks_is_one_line(collections, capsys):
     path = collections["mslr"]
-    code = main(["validate", str(REPRODUCE / "csfltr.toml"), "--set", f"dataset.path={path}"])
+    code = main(
+        ["validate", "--build", str(REPRODUCE / "csfltr.toml"), "--set", f"dataset.path={path}"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "dataset.path: expected no path: protocol 'csfltr' learns from a text corpus" in err
-    code = main(["validate", str(REPRODUCE / "noniid_type1.toml"), "--set", f"dataset.path={path}"])
+    code = main(
+        [
+            "validate",
+            "--build",
+            str(REPRODUCE / "noniid_type1.toml"),
+            "--set",
+            f"dataset.path={path}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "federation.partition.intents: the dataset has no intents" in err

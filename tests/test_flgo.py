@@ -449,7 +449,7 @@ def test_completeness_is_refused_for_a_protocol_that_cannot_cut_its_work(tmp_pat
         SCENARIO.replace('"fpdgd"', '"foltr_es"').replace("params = { compute_time = 0.5 }\n", "")
         + '[network.flgo]\ncompleteness = "PDU"\n'
     )
-    from foltr_async.experiment import check_scenario
+    from foltr_async.preflight import check_scenario
 
     with pytest.raises(ScenarioError, match="network.flgo.completeness: expected 'IDL' for"):
         check_scenario(load_scenario(scenario))

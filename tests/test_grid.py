@@ -133,7 +133,7 @@ def test_reproduction_scenarios_validate_and_read_five_folds():
 
 
 def test_validation_builds_every_fold_and_names_a_missing_one(tmp_path, mq2008_dir):
-    from foltr_async.experiment import check_scenario
+    from foltr_async.preflight import check_scenario
 
     fold = tmp_path / "folds" / "Fold1"
     fold.mkdir(parents=True)

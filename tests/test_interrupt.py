@@ -104,7 +104,8 @@ def test_a_folder_in_use_by_a_run_cannot_be_resumed_by_another(tmp_path, capsys)
     folder is locked while a run uses it, and a second run stops in one line."""
     import fcntl
 
-    from foltr_async.cli import LOCK_FILE, main
+    from foltr_async.cli import main
+    from foltr_async.outdir import LOCK_FILE
 
     path = tmp_path / "cut.toml"
     path.write_text(SCENARIO.replace("repeats = 12", "repeats = 1"))

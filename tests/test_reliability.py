@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from foltr_async import cli
 from foltr_async.errors import FoltrError, ScenarioError
-from foltr_async.experiment import check_scenario
 from foltr_async.plugins import load_plugins
+from foltr_async.preflight import check_scenario
 from foltr_async.runtime.secure import scheme
 from foltr_async.scenario.load import SECTIONS, load_scenario, validate
 
@@ -96,7 +96,7 @@ def one_line_error(capsys, argv: list[str]) -> str:
 @pytest.mark.parametrize(("override", "message"), BAD_SCENARIOS, ids=[b[0] for b in BAD_SCENARIOS])
 def test_bad_scenario_is_one_line_in_validate_and_run(tmp_path, capsys, override, message):
     path = bad_scenario(tmp_path, override)
-    line = one_line_error(capsys, ["validate", str(path)])
+    line = one_line_error(capsys, ["validate", "--build", str(path)])
     assert line.startswith(f"error: {path} [variant v]: {message}"), line
     out = tmp_path / "out"
     assert one_line_error(capsys, [str(path), "--out", str(out), "--quiet"]) == line
@@ -138,7 +138,7 @@ def letor_scenario(tmp_path: Path, train: str, test: str | None = GOOD_LETOR) ->
 def test_bad_letor_line_names_scenario_variant_key_and_data_line(tmp_path, capsys, line, message):
     path = letor_scenario(tmp_path, GOOD_LETOR + line + "\n")
     train = (tmp_path / "fold" / "train.txt").as_posix()
-    got = one_line_error(capsys, ["validate", str(path)])
+    got = one_line_error(capsys, ["validate", "--build", str(path)])
     assert got.startswith(f"error: {path} [variant v]: dataset.path: {train}{message}"), got
     out = tmp_path / "out"
     assert one_line_error(capsys, [str(path), "--out", str(out), "--quiet"]) == got
@@ -156,7 +156,7 @@ def test_bad_letor_line_names_scenario_variant_key_and_data_line(tmp_path, capsy
 )
 def test_bad_letor_files(tmp_path, capsys, train, test, message):
     path = letor_scenario(tmp_path, train, test)
-    got = one_line_error(capsys, ["validate", str(path)])
+    got = one_line_error(capsys, ["validate", "--build", str(path)])
     assert got.startswith(f"error: {path} [variant v]: dataset.path: ") and message in got, got
 
 

@@ -82,7 +82,7 @@ def test_profiles_and_unknown_profile():
 
 
 def test_a_size_beyond_this_machines_memory_is_refused_before_allocating(tmp_path):
-    from foltr_async.experiment import check_scenario
+    from foltr_async.preflight import check_scenario
     from foltr_async.scenario.load import load_scenario
 
     with pytest.raises(DatasetError, match=r"mslr-like: n_queries = 10000000000 needs ~\S+ GB"):

@@ -356,6 +356,24 @@ def normalise_aol(features: np.ndarray, qptr: np.ndarray) -> np.ndarray:
     return out
 
 
+def aol_files(folder: str | Path) -> tuple[Path, Path]:
+    """An AOL4FOLTR folder's metadata and LETOR files; one line if either is missing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise DatasetError(
+            f"{folder}: AOL4FOLTR folder {what} (expected {METADATA}, {LETOR}; a synthetic "
+            "sample in that layout: python tools/make_aol_sample.py FOLDER)"
+        )
+    meta, letor = folder / METADATA, folder / LETOR
+    for f in (meta, letor):
+        if not f.is_file():
+            raise DatasetError(
+                f"{f}: does not exist (an AOL4FOLTR folder holds {METADATA}, {LETOR})"
+            )
+    return meta, letor
+
+
 def load_aol(
     folder: str | os.PathLike[str],
     n_users: int,
@@ -371,18 +389,7 @@ def load_aol(
     LETOR lines; see the module docstring. Parsed results are cached like LETOR files
     (content-keyed, ``data.cache_dir``)."""
     folder = Path(folder)
-    if not folder.is_dir():
-        what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise DatasetError(
-            f"{folder}: AOL4FOLTR folder {what} (expected {METADATA}, {LETOR}; a synthetic "
-            "sample in that layout: python tools/make_aol_sample.py FOLDER)"
-        )
-    meta, letor = folder / METADATA, folder / LETOR
-    for f in (meta, letor):
-        if not f.is_file():
-            raise DatasetError(
-                f"{f}: does not exist (an AOL4FOLTR folder holds {METADATA}, {LETOR})"
-            )
+    meta, letor = aol_files(folder)
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     entry = None

@@ -90,6 +90,8 @@ class Layout:
     files: dict[str, dict[str, Path]]  # part ("Fold1", or "" unfolded) -> split -> file
 
     def describe(self) -> str:
+        if self.root.is_file():
+            return "a training file and the test.txt beside it"
         if self.folds:
             return f"{len(self.folds)} folds (Fold{self.folds[0]}..Fold{self.folds[-1]})"
         if self.collection.folds:
@@ -124,7 +126,7 @@ def recognise(path: str | Path) -> Layout:
         return Layout(YAHOO, root, (), {"": _splits(root, YAHOO)})
     if any((root / n).exists() for n in _LETOR_FILES.values()):
         coll = _by_width(_need(root, _LETOR_FILES, "train"), (ISTELLA, LETOR4, MSLR), ())
-        return Layout(coll, root, (), {"": _splits(root, coll)})
+        return Layout(coll, root, (), {"": _splits(root, coll, optional=("vali",))})
     if (root / "sample").is_dir():  # Istella-S as unpacked: istella-s-letor/sample/
         return recognise(root / "sample")
     raise DatasetError(
@@ -141,8 +143,25 @@ def _need(folder: Path, names: dict[str, str], split: str) -> Path:
     return p
 
 
-def _splits(folder: Path, coll: Collection) -> dict[str, Path]:
-    return {s: _need(folder, coll.files, s) for s in SPLITS}
+def _splits(folder: Path, coll: Collection, optional: tuple[str, ...] = ()) -> dict[str, Path]:
+    """The split files; an ``optional`` one is left out when absent (a run of one folder
+    needs train and test only)."""
+    return {
+        s: _need(folder, coll.files, s)
+        for s in SPLITS
+        if s not in optional or (folder / coll.files[s]).is_file()
+    }
+
+
+def _single_file(path: Path) -> Layout:
+    """A training file as a run reads it: ``dataset.path = FILE`` takes the test.txt beside."""
+    test = path.with_name("test.txt")
+    if not test.is_file():
+        raise DatasetError(
+            f"{test}: missing (a run given the file {path.name} reads test.txt beside it)"
+        )
+    coll = _by_width(path, (ISTELLA, LETOR4, MSLR), ())
+    return Layout(coll, path, (), {"": {"train": path, "test": test}})
 
 
 def _by_width(path: Path, candidates: tuple[Collection, ...], folds: tuple[int, ...]) -> Collection:
@@ -251,7 +270,8 @@ class Report:
 
 
 def check(path: str | Path, progress: Callable[[Path, int, int], None] | None = None) -> Report:
-    """Recognise ``path`` and validate every line of every file (streamed: memory stays at a
+    """Recognise ``path`` (a collection folder, or a training file with test.txt beside it,
+    as runs take them) and validate every line of every file (streamed: memory stays at a
     few blocks); ``progress(file, bytes_done, size)`` is called per block.
 
     The fold collections ship five parts rotated over the folds: each vali/test file is one
@@ -260,7 +280,7 @@ def check(path: str | Path, progress: Callable[[Path, int, int], None] | None = 
     being parsed again, so LETOR 4.0 and MSLR-WEB are parsed once, not five times; a file that
     does not match is parsed in full.
     """
-    layout = recognise(path)
+    layout = _single_file(Path(path)) if Path(path).is_file() else recognise(path)
     coll = layout.collection
     known: dict[bytes, _Part] = {}
     stats: dict[tuple[str, str], SplitStats] = {}

@@ -157,19 +157,7 @@ def load_fold(
     ``set1.valid.txt``, ``set1.test.txt``). All splits get the same feature count (the largest
     inferred one), since one ranker must score them all.
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        what = "is a file, not a fold directory" if directory.exists() else "does not exist"
-        raise DatasetError(f"{directory}: dataset directory {what}")
-    files = {split: _find_split(directory, split) for split in ("train", "vali", "test")}
-    missing = [s for s in ("train", "test") if files[s] is None]
-    if missing:
-        folds = sorted(p.name for p in directory.glob("Fold*") if p.is_dir())
-        hint = f"; it holds {', '.join(folds)}: pass one of them" if folds else ""
-        raise DatasetError(
-            f"{directory}: expected {' and '.join(m + '.txt' for m in missing)} in the directory"
-            f"{hint}"
-        )
+    files = fold_files(directory)
     sets = {
         split: load_letor(p, n_features=n_features, normalise=normalise, cache=cache)
         for split, p in files.items()
@@ -184,6 +172,49 @@ def load_fold(
             qs = dataclasses.replace(qs, features=padded)
         out[split] = dataclasses.replace(qs, name=split)
     return out
+
+
+def fold_files(directory: str | os.PathLike[str]) -> dict[str, Path | None]:
+    """A fold directory's split files (``vali`` may be None); a missing train or test file is
+    a one-line error, without reading anything."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        what = "is a file, not a fold directory" if directory.exists() else "does not exist"
+        raise DatasetError(f"{directory}: dataset directory {what}")
+    files = {split: _find_split(directory, split) for split in ("train", "vali", "test")}
+    missing = [s for s in ("train", "test") if files[s] is None]
+    if missing:
+        folds = sorted(p.name for p in directory.glob("Fold*") if p.is_dir())
+        hint = f"; it holds {', '.join(folds)}: pass one of them" if folds else ""
+        raise DatasetError(
+            f"{directory}: expected {' and '.join(m + '.txt' for m in missing)} in the directory"
+            f"{hint}"
+        )
+    return files
+
+
+def check_first_line(path: Path, limit: int = 1 << 20) -> None:
+    """The first data line of a LETOR file (within ``limit`` bytes), checked as the loader
+    checks every line: a file of another format fails in one line without being read."""
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise DatasetError(f"{path}: dataset file {what}")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(limit)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
+    lines = head.split(b"\n")
+    if len(head) == limit:
+        lines = lines[:-1]  # the last one may be cut
+    for n, raw in enumerate(lines, 1):
+        line = raw.decode("utf-8", errors="surrogateescape")
+        if line.split("#", 1)[0].strip():
+            msg = check_line(line, None)
+            if msg is not None:
+                raise DatasetError(f"{path}:{n}: {msg}")
+            return
+    raise DatasetError(f"{path}: no data lines (expected 'label qid:<id> 1:<value> ...')")
 
 
 def write_letor(query_set: QuerySet, path: str | os.PathLike[str], *, sparse: bool = False) -> Path:

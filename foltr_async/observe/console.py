@@ -5,7 +5,8 @@ builds the screen in rich's refresh thread at ``refresh_per_second``; so a runne
 thousands of simulated rounds per wall second pays almost nothing, and large federations are
 shown as counts per role/state plus the most recently changed agents, never as a huge table.
 :class:`PlainReporter` is for pipes, CI logs and ``--quiet``: one structlog line per evaluated
-round and per repeat.
+round and per repeat, beside ``progress.ProgressLines`` in place of the panel. On a terminal
+too small for the whole panel, it shows what fits: progress first, then the metrics.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from foltr_async.observe.observer import Observer
+from foltr_async.observe.observer import Observer, Observers
+from foltr_async.observe.progress import ProgressLines, clock_text
 from foltr_async.observe.results import final_value, nobody_online_share
 from foltr_async.observe.stats import summarise
 
 BLOCKS = np.array(list("▁▂▃▄▅▆▇█"))
 SPARK_WIDTH = 24  # the most recent evaluations a curve shows
+BAR_WIDTH = 30  # progress bars on a wide terminal
 _STATE_STYLE = {
     "active": "green",
     "joined": "green",
@@ -62,11 +65,6 @@ def _human(x: float) -> str:
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}" if isinstance(x, float) and not float(x).is_integer() else f"{int(x)}"
-
-
-def _clock(seconds: float) -> str:
-    s = int(max(seconds, 0))
-    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _fields(fields: dict, limit: int = 90) -> str:
@@ -228,8 +226,12 @@ class LiveConsole(Observer):
         metric = self._info.get("metric", "ndcg@10")
         final = final_value(result, metric)  # the table's and the conclusions' definition
         with self._lock:
+            # the finished repeat's line stays as it ended (its rounds now count as finished):
+            # resetting its after-training rounds here drew its last round over the planned
+            # ones ("round 220/200") until the next repeat started
             self._rounds_finished += self._cur_rounds
-            self._cur_rounds = self._cur_after = 0
+            if self._cur:
+                self._cur["finished"] = True
             self._repeats_finished += 1
             if final is not None:
                 self._finals.setdefault(variant, []).append(float(final))
@@ -244,13 +246,14 @@ class LiveConsole(Observer):
     # --- rendering (rich's refresh thread) ---------------------------------------------------
     def _render(self) -> Panel:
         with self._lock:
-            parts = [
+            parts = _fit(
+                self.console.height - 2,  # inside the panel's borders
                 self._progress(),
-                self._rates(),
                 self._metrics(),
-                self._agents_table(),
+                self._rates(),
                 self._events_table(),
-            ]
+                self._agents_table(),
+            )
             info = self._info
         title = f"foltr_async · {info.get('scenario', '')}"
         if info.get("seed") is not None:
@@ -260,7 +263,7 @@ class LiveConsole(Observer):
             subtitle = ("done" if self._complete else "stopped") + (
                 f" · {subtitle}" if subtitle else ""
             )
-        return Panel(Group(*[p for p in parts if p is not None]), title=title, subtitle=subtitle)
+        return Panel(Group(*parts), title=title, subtitle=subtitle)
 
     def _progress(self) -> Table:
         info = self._info
@@ -268,23 +271,25 @@ class LiveConsole(Observer):
         repeats = int(info.get("repeats") or 1)
         rounds = info.get("rounds") or {}
         total = sum(int(rounds.get(v, 0)) for v in variants) * repeats
-        done = self._rounds_finished + self._cur_rounds
+        cur = self._cur
+        done = self._rounds_finished + (0 if cur.get("finished") else self._cur_rounds)
         elapsed = time.monotonic() - self._t0
+        # a narrow terminal gets shorter bars, so each line stays one line
+        bar = max(8, min(BAR_WIDTH, self.console.width - 90))
         grid = Table.grid(padding=(0, 1))
-        grid.add_column(style="bold")
-        grid.add_column()
-        grid.add_column()
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(no_wrap=True)
+        grid.add_column(no_wrap=True, overflow="ellipsis")
         eta = ""
         if total and done:
-            eta = f"  ETA {_clock(elapsed * (total - done) / done)}"
+            eta = f"  ETA {clock_text(elapsed * (total - done) / done)}"
         pct = f"{100 * done / total:.0f}%" if total else ""
         grid.add_row(
             "overall",
-            ProgressBar(total=max(total, 1), completed=min(done, total or 0), width=30),
+            ProgressBar(total=max(total, 1), completed=min(done, total or 0), width=bar),
             f"{done}/{total} rounds {pct}  repeats {self._repeats_finished}/"
-            f"{repeats * len(variants)}  wall {_clock(elapsed)}{eta}",
+            f"{repeats * len(variants)}  wall {clock_text(elapsed)}{eta}",
         )
-        cur = self._cur
         if cur:
             v = cur["variant"]
             planned = int(rounds.get(v, 0))
@@ -295,7 +300,9 @@ class LiveConsole(Observer):
                 rnd += f"/{planned or '?'}"
             line = Text(
                 f"{v}  repeat {cur['repeat'] + 1}/{repeats} (seed {cur['seed']})  "
-                f"round {rnd}  sim {self._sim_time:.1f}s"
+                f"round {rnd}  sim {self._sim_time:.1f}s",
+                no_wrap=True,
+                overflow="ellipsis",
             )
             if self._cur_empty:
                 line.append(f"  empty rounds {self._cur_empty}", style="bold red")
@@ -304,7 +311,7 @@ class LiveConsole(Observer):
             grid.add_row(
                 "current",
                 ProgressBar(
-                    total=max(planned, 1), completed=min(self._cur_rounds, planned), width=30
+                    total=max(planned, 1), completed=min(self._cur_rounds, planned), width=bar
                 ),
                 line,
             )
@@ -390,6 +397,29 @@ class LiveConsole(Observer):
         if not self._events:
             return None
         return _columns(None, list(self._events), styles={0: "dim", 1: "bold"})
+
+
+def _fit(height: int, progress: Table, *parts: Text | None) -> list:
+    """The panel's parts that fit ``height`` lines, in order of importance (progress, then
+    metrics, rates, events, agents); the metrics table keeps its header and as many variants
+    as fit, saying how many it leaves out. The full panel needs ~36 lines: an 80x24 terminal
+    shows the progress and the metrics of the variants that fit."""
+    out: list = [progress]
+    left = height - progress.row_count
+    for i, part in enumerate(parts):
+        if part is None:
+            continue
+        lines = part.plain.count("\n") + 1
+        if lines <= left:
+            out.append(part)
+            left -= lines
+        elif i == 0 and left >= 3:  # the metrics: header, the rows that fit, "... more"
+            rows = part.split("\n")
+            shown = left - 1
+            more = Text(f"... {len(rows) - shown} more variants (a taller terminal shows them)")
+            out.append(Text("\n", no_wrap=True).join([*rows[:shown], more]))
+            left = 0
+    return out
 
 
 def _columns(
@@ -503,9 +533,10 @@ def round_sim(t: float) -> float:
 
 
 def make_reporter(quiet: bool, stream: IO[str] | None = None) -> Observer:
-    """The live console on an interactive terminal, else (or with ``quiet``) plain lines."""
+    """The live console on an interactive terminal; else (or with ``quiet``) plain log lines
+    and, on ``stream``, progress lines ("repeat k of n", ETA) in place of the panel."""
     stream = stream if stream is not None else sys.stdout
     isatty = getattr(stream, "isatty", None)
     if quiet or not (callable(isatty) and isatty()):
-        return PlainReporter()
+        return Observers([PlainReporter(), ProgressLines(stream)])
     return LiveConsole(Console(file=stream))

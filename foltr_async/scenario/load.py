@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from foltr_async.errors import DatasetError, ScenarioError
-from foltr_async.inputs import MB, nesting_depth, read_capped
+from foltr_async.inputs import MB, nesting_depth, read_capped, relative_note
 from foltr_async.names import NAME_MAX, VARIANT_RULE, bad_variant_name, suggest
 from foltr_async.registry import REGISTRY, unknown
 from foltr_async.scenario.fields import Field, check_table, fail, key_text
@@ -202,7 +202,6 @@ def load_scenario(
     never loads anything)."""
     from foltr_async.plugins import load_plugins
 
-    load_plugins()
     path = Path(path)
     where = str(path)
     try:
@@ -221,6 +220,8 @@ def load_scenario(
         raw = None  # the parser's own stack: deeper than any limit below
     if raw is None or nesting_depth(raw, MAX_DEPTH) > MAX_DEPTH:
         raise ScenarioError(f"{where}: nested deeper than {MAX_DEPTH} levels of tables and arrays")
+    # after the read: a mistyped file name answers without importing them
+    load_plugins(_plugin_modules(raw.pop("plugins", None), where), where)
     check_sections(raw, TOP_LEVEL, where)
     variants_raw = raw.pop("variants", {}) or {}
     if not isinstance(variants_raw, dict):
@@ -284,6 +285,21 @@ def load_scenario(
     return Scenario(path, first["name"], first["seed"], repeats, reference, resolved, folds)
 
 
+def _plugin_modules(table: Any, where: str) -> list[str]:
+    """``[plugins] modules = ["pkg.module", ...]``: the plugin modules the file needs, loaded
+    before anything in it is checked (top level only: every variant runs with them)."""
+    if table is None:
+        return []
+    if not isinstance(table, dict) or set(table) - {"modules"}:
+        extra = sorted(set(table) - {"modules"}) if isinstance(table, dict) else None
+        got = f"plugins.{extra[0]}" if extra else "plugins"
+        raise fail(where, got, 'a [plugins] table with one key, modules = ["pkg.module", ...]')
+    modules = table.get("modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise fail(where, "plugins.modules", "an array of module names", modules)
+    return modules
+
+
 def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any]]:
     """``--set dataset.path=DIR`` replaces the file's data with a published collection: the
     folds (or one fixed split) and query-level normalisation follow from its layout
@@ -310,7 +326,7 @@ def _with_layout(sets: list[tuple[list[str], Any]]) -> list[tuple[list[str], Any
             out.append((["dataset", "folds"], list(e.folds)))
             continue
         except DatasetError as e:
-            raise DatasetError(f"--set dataset.path: {e}") from None
+            raise DatasetError(f"--set dataset.path: {e}{relative_note(value)}") from None
         out[-1] = (keys, str(layout.root))
         out.append((["dataset", "folds"], list(layout.folds)))
         out.append((["dataset", "normalise"], layout.collection.normalise))
