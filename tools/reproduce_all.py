@@ -24,7 +24,7 @@ processes going at once (``FOLTR_ASYNC_THREADS`` when set wins), so parallel run
 start threads for every core. ``OUT/runs.jsonl`` records every run's wall time, CPU
 time (the run's process tree), exit code and the load average around it; ``OUT/REPORT.md``
 holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
-``--record`` writes each finished run's record of results to ``reproduce/records/NAME.json``
+``--record`` writes each finished run's record of results to ``reproduce/claims/records/NAME.json``
 (``foltr_async.reproduction.records``), which ``python -m foltr_async claims`` computes the
 claims' verdicts from; a dry pass with ``--set`` is not recorded. A failed run does not stop the
 others; the exit code is 1 when any failed, 2 on a bad plan or
@@ -54,7 +54,7 @@ from foltr_async.reproduction.records import make_record, write_record  # noqa: 
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
-RECORDS = TOOLS.parent / "reproduce" / "records"
+RECORDS = TOOLS.parent / "reproduce" / "claims" / "records"
 TABLE = TOOLS / "repro_table.py"
 
 
@@ -269,7 +269,8 @@ def write_report(out: Path, runs: list[Run]) -> Path:
 
 
 def record(run: Run, out: Path, folder: Path) -> None:
-    """The run's record of results (reproduce/records/NAME.json), its cost from ``runs.jsonl``."""
+    """The run's record of results (reproduce/claims/records/NAME.json), with its cost from
+    ``runs.jsonl``."""
     cost = last_records(out).get(run.name, {})
     try:
         rec = make_record(
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="?",
         const=RECORDS,
         metavar="FOLDER",
-        help=f"write each finished run's record of results (default folder {RECORDS})",
+        help="write each finished run's record of results (default reproduce/claims/records)",
     )
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.runs < 1:

@@ -1,4 +1,4 @@
-"""Published claims the project tests, read from ``reproduce/claims.toml``.
+"""Published claims the project tests, read from ``reproduce/claims/claims.toml``.
 
 A claim is a finding as a seed text states it (file, place, lines, the quote) and what it means
 operationally: which arms of which recorded runs are compared, on which metric at which round,

@@ -13,8 +13,8 @@ from foltr_async.reproduction.claims import check_quotes, load_claims
 from foltr_async.reproduction.records import load_records, make_record, write_record
 from foltr_async.reproduction.report import differences, evaluate, ours, render
 
-CLAIMS = Path("reproduce/claims.toml")
-RECORDS = Path("reproduce/records")
+CLAIMS = Path("reproduce/claims/claims.toml")
+RECORDS = Path("reproduce/claims/records")
 REPORT = Path("docs/CLAIMS.md")
 SEEDS = Path("../shared/seeds")
 

@@ -1,5 +1,5 @@
 """Results of record: the compact summary of a finished reproduction run that claims are
-computed from, committed under ``reproduce/records/``.
+computed from, committed under ``reproduce/claims/records/``.
 
 A record keeps, per variant and repeat (fold, seed), the evaluated rounds with their offline
 metrics, the online metric through each evaluation and the interactions: everything a claim
