@@ -368,6 +368,10 @@ def _privacy_sentence(name: str, reports: list[dict]) -> str:
         for k in keys:
             if all(r.get(k) is not None for r in runs):
                 out.append(f"{k.removeprefix('a_priori_')} {max(r[k] for r in runs):.3g}")
+            elif k.endswith("basic") and all(k in r for r in runs):
+                # basic composition is None only where a release's loss is infinite (no noise,
+                # randomised response that never tells the truth) or the sum overflows
+                out.append(f"{k.removeprefix('a_priori_')} unbounded")
         return ", ".join(out)
 
     runs = [p["run"] for p in reports]

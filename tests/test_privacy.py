@@ -346,3 +346,13 @@ def test_the_worst_client_of_a_variant_is_the_worst_over_its_repeats():
     assert "over 2 repeat(s)" in line and "basic 30," in line and "basic 20" not in line
     curves = [{"rounds": [1, 2], "pld": [1.0, 5.0]}, {"rounds": [1, 2], "pld": [2.0, 3.0]}]
     assert _worst_curve(curves)["pld"] == [2.0, 5.0]
+
+
+def test_an_infinite_privacy_loss_is_said_unbounded_not_undefined():
+    from foltr_async.experiment import _privacy_sentence
+
+    run = {"basic": None, "rdp": None, "pld": None}
+    text = _privacy_sentence("p0", [{"run": run, "delta": 1e-5}])
+    assert "realised epsilon basic unbounded" in text and "not defined" not in text
+    huge = _privacy_sentence("eps1e308", [{"run": {**run, "pld": 3.0}, "delta": 1e-5}])
+    assert "basic unbounded, pld 3" in huge
