@@ -1,4 +1,5 @@
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,10 @@ def pytest_report_header(config):
         + (f", OPENBLAS_CORETYPE={blas}" if blas else "")
         + f"\nnumpy {numpy.__version__}, numba {numba.__version__}, scipy {scipy.__version__}"
     )
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody holds now (the zmq tests bind their hub to it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

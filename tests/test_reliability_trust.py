@@ -22,6 +22,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
+from conftest import free_port
 
 from foltr_async.runtime.codec import Envelope, encode
 from foltr_async.runtime.zmqbus import pack_control, unpack_control
@@ -49,12 +50,6 @@ every = 2
 {extra}
 """)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def events(out: Path) -> list[dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
+from conftest import free_port
 
 from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
@@ -163,14 +164,6 @@ def test_memory_bus_fuzz_drops_every_case_by_reason_and_the_run_ends_as_unfuzzed
     # the data is cached by the unfuzzed run: the fuzzed run's own allocations stay small
     # (oversized cases are 64 KB each, dropped before decoding; a huge seq cost gigabytes)
     assert peak < 8 * 1024 * 1024
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kb(pid: int) -> int:

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import free_port
 
 from foltr_async.distributed import agent_ids, parse_agents
 from foltr_async.errors import FoltrError
@@ -58,12 +58,6 @@ every = 3
 {extra}
 """)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(*args: str, log: Path, env: dict | None = None) -> subprocess.Popen:
