@@ -259,7 +259,9 @@ def _compute(record: dict) -> str:
     n = sum(len(reps) for reps in record["variants"].values())
     cost = record.get("cost") or {}
     if "cpu_s" in cost:
-        return f"{n} repeats, {cost['cpu_s'] / 3600:.1f} CPU h ({cost['wall_s'] / 60:.0f} min wall)"
+        cpu = cost["cpu_s"]
+        spent = f"{cpu / 3600:.1f} CPU h" if cpu >= 3600 else f"{cpu / 60:.0f} CPU min"
+        return f"{n} repeats, {spent} ({cost['wall_s'] / 60:.0f} min wall)"
     return f"{n} repeats"
 
 
