@@ -1,6 +1,7 @@
 """Claims of record: the verdict rules, the claims file's checks, records and their staleness,
 and the generated report with its --check."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -174,9 +175,9 @@ def test_records_answer_claims_and_a_changed_file_makes_them_stale(tmp_path):
     records = load_records(folder)
     [e] = evaluate(claims, records)
     assert e.verdict == V.REPRODUCED and e.outcomes[0].n == 25 and not e.stale
-    data = json.loads((folder / "run-a.json").read_text())
+    data = json.loads(gzip.decompress((folder / "run-a.json.gz").read_bytes()))
     data["files"]["protocols/fpdgd.py"] = "0" * 16
-    (folder / "run-a.json").write_text(json.dumps(data))
+    (folder / "run-a.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
     [e] = evaluate(claims, load_records(folder))
     assert e.stale == ("run-a",) and "stale: run-a" in render([e], load_records(folder))
 

@@ -1,5 +1,6 @@
 """tools/reproduce_all.py: the plan covers the reproduce/ folder, runs resume, failures are kept."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -170,7 +171,7 @@ def test_runs_resume_failures_are_reported_and_the_report_holds_every_finished_r
         cwd=tmp_path,
     )
     assert rec.returncode == 0, rec.stdout + rec.stderr
-    record = json.loads((tmp_path / "rec" / "tiny-perfect.json").read_text())
+    record = json.loads(gzip.decompress((tmp_path / "rec" / "tiny-perfect.json.gz").read_bytes()))
     assert record["run"] == "tiny-perfect" and record["cost"]["cpu_s"] > 0
     assert len(record["variants"]["dp"]) == 2 and record["settings"]["clicks"]["model"] == "perfect"
     dry = tool("--plan-file", "plan.toml", "--record", "--set", "federation.rounds=2", cwd=tmp_path)

@@ -24,11 +24,11 @@ processes going at once (``FOLTR_ASYNC_THREADS`` when set wins), so parallel run
 start threads for every core. ``OUT/runs.jsonl`` records every run's wall time, CPU
 time (the run's process tree), exit code and the load average around it; ``OUT/REPORT.md``
 holds ``tools/repro_table.py``'s table of every finished run of the plan (with ``--only`` too).
-``--record`` writes each finished run's record of results to ``reproduce/claims/records/NAME.json``
-(``foltr_async.reproduction.records``), which ``python -m foltr_async claims`` computes the
-claims' verdicts from; a dry pass with ``--set`` is not recorded. A failed run does not stop the
-others; the exit code is 1 when any failed, 2 on a bad plan or
-argument.
+``--record`` writes each finished run's record of results to
+``reproduce/claims/records/NAME.json.gz`` (``foltr_async.reproduction.records``), which
+``python -m foltr_async claims`` computes the claims' verdicts from; a dry pass with ``--set``
+is not recorded. A failed run does not stop the others; the exit code is 1 when any failed, 2
+on a bad plan or argument.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def write_report(out: Path, runs: list[Run]) -> Path:
 
 
 def record(run: Run, out: Path, folder: Path) -> None:
-    """The run's record of results (reproduce/claims/records/NAME.json), with its cost from
+    """The run's record of results (reproduce/claims/records/NAME.json.gz), with its cost from
     ``runs.jsonl``."""
     cost = last_records(out).get(run.name, {})
     try:

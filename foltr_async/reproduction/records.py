@@ -12,6 +12,7 @@ that made it is not the code that would make it now.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +20,25 @@ from pathlib import Path
 from foltr_async.errors import FoltrError
 from foltr_async.provenance import check_same_code, source_hashes
 
+#: significant digits a record keeps of each metric (the report shows four decimals; a curve of
+#: a long unlearning run is thousands of evaluations, so a full double would be megabytes)
+DIGITS = 7
+
+
+def _g(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.{DIGITS}g}")
+
 
 def _repeat(rep: dict) -> dict:
+    interactions = rep.get("interactions") or []
     return {
         "fold": rep.get("fold"),
         "seed": rep["seed"],
         "rounds": rep.get("rounds", []),
-        "offline": rep.get("offline", {}),
-        "online_at": rep.get("online_at", []),
-        "online": (rep.get("online") or {}).get("ndcg@10_discounted"),
-        "interactions": rep.get("interactions", []),
+        "offline": {m: [_g(v) for v in vals] for m, vals in (rep.get("offline") or {}).items()},
+        "online_at": [_g(v) for v in rep.get("online_at", [])],
+        "online": _g((rep.get("online") or {}).get("ndcg@10_discounted")),
+        "interactions": interactions[-1] if interactions else None,
         "wall_s": rep.get("wall_s"),
     }
 
@@ -60,8 +70,9 @@ def make_record(results: dict, name: str, command: str, cost: dict | None = None
 
 def write_record(record: dict, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{record['run']}.json"
-    path.write_text(json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n")
+    path = folder / f"{record['run']}.json.gz"
+    text = json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n"
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))  # the same bytes for the same record
     return path
 
 
@@ -83,12 +94,12 @@ def load_records(folder: Path) -> dict[str, Record]:
     """Every record in ``folder`` by run name, each with the files changed since it was made."""
     now = source_hashes()
     out = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob("*.json.gz")):
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(gzip.decompress(path.read_bytes()))
             files = data["files"]
             name = data["run"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
             raise FoltrError(f"{path}: not a record ({type(e).__name__}: {e})") from None
         changed = sorted({f for f in set(files) | set(now) if files.get(f) != now.get(f)})
         out[name] = Record(name, data, tuple(changed))
