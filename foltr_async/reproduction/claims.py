@@ -90,10 +90,6 @@ class ClaimSet:
     claims: tuple[Claim, ...]
 
 
-def _fields(cls: type) -> dict[str, Field]:
-    return cls.FIELDS
-
-
 def load_claims(path: Path) -> ClaimSet:
     """The claims file, every key checked; errors name the file, the claim and the key."""
     try:
@@ -110,7 +106,7 @@ def load_claims(path: Path) -> ClaimSet:
             "expected [studies] and [[claim]]"
         )
     studies = {
-        key: Study.of(check_table(table, _fields(Study), str(path), f"studies.{key}"))
+        key: Study.of(check_table(table, Study.FIELDS, str(path), f"studies.{key}"))
         for key, table in doc.get("studies", {}).items()
     }
     starts = [i + 1 for i, ln in enumerate(text.splitlines()) if ln.strip() == "[[claim]]"]
@@ -118,7 +114,7 @@ def load_claims(path: Path) -> ClaimSet:
     seen: set[str] = set()
     for i, table in enumerate(doc.get("claim", [])):
         where = f"{path}:{starts[i] if i < len(starts) else '?'}"
-        spec = ClaimSpec.of(check_table(table, _fields(ClaimSpec), where, "claim"))
+        spec = ClaimSpec.of(check_table(table, ClaimSpec.FIELDS, where, "claim"))
         if spec.id in seen:
             raise ScenarioError(f"{where}: claim.id: {spec.id!r} is used twice")
         seen.add(spec.id)
@@ -127,13 +123,13 @@ def load_claims(path: Path) -> ClaimSet:
                 f"{where}: claim.study: expected one of "
                 f"{', '.join(sorted(studies))}, got {spec.study!r}"
             )
-        source = Source.of(check_table(spec.source, _fields(Source), where, "claim.source"))
+        source = Source.of(check_table(spec.source, Source.FIELDS, where, "claim.source"))
         if len(source.lines) != 2 or source.lines[0] > source.lines[1]:
             raise ScenarioError(
                 f"{where}: claim.source.lines: expected [first, last], got {source.lines!r}"
             )
         comps = tuple(
-            Comparison.of(check_table(c, _fields(Comparison), where, f"claim.comparisons[{j}]"))
+            Comparison.of(check_table(c, Comparison.FIELDS, where, f"claim.comparisons[{j}]"))
             for j, c in enumerate(spec.comparisons)
         )
         if not spec.not_comparable and not (comps and spec.runs):
