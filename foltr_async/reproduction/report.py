@@ -235,10 +235,13 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     for problem in e.problems:
         out += ["", f"Cannot answer: {problem}."]
     out += ["", f"**Verdict: {_verdict_text(e)}.**", ""]
+    missing = [run for run in c.runs if run not in records]
+    if missing:
+        only = " ".join(f"--only {run}" for run in missing)
+        out.append(f"- no record yet: `python tools/reproduce_all.py --jobs 2 {only} --record`")
     for run in c.runs:
         rec = records.get(run)
         if rec is None:
-            out.append(f"- `python tools/reproduce_all.py --jobs 2 --only {run}` (no record yet)")
             continue
         d = rec.data
         code = d.get("code", {})
