@@ -380,7 +380,7 @@ class AuthorsESClient(ESClient):
     and draws the users' queries and clicks (``Users.next_query`` / ``CascadeModel.scan``: their
     order); the perturbation is ``authors_noise`` of the same seed. The noise and the users'
     draws thus come from one Mersenne-Twister stream (the coupling that, measured with their
-    code, lowers their linear ranker's end point; docs/REPRODUCTION.md). Each query is served
+    code, lowers their linear ranker's end point; docs/REPRODUCTION-NOTES.md). Each query is served
     on its own, in float64 with ties in document order (theirs: float32, reversed ``argsort``).
     """
 

@@ -218,7 +218,7 @@ def test_the_check_names_the_claim_whose_numbers_differ(tmp_path):
 @needs_seeds
 def test_the_shipped_report_is_what_the_committed_records_give():
     """The README's claims check: every quote in its seed, every number and verdict of
-    docs/CLAIMS.md recomputed from reproduce/claims/records/."""
+    docs/REPRODUCTION.md recomputed from reproduce/claims/records/."""
     out = subprocess.run(
         [sys.executable, "-m", "foltr_async", "claims", "--check"],
         cwd=ROOT,

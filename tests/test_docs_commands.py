@@ -64,7 +64,7 @@ CASES = commands()
 
 
 def test_the_docs_show_commands():
-    assert len(CASES) > 30 and {doc for doc, _ in CASES} >= {"README.md", "REPRODUCTION.md"}
+    assert len(CASES) > 30 and {doc for doc, _ in CASES} >= {"README.md", "REPRODUCTION-NOTES.md"}
 
 
 @pytest.mark.parametrize("doc, line", CASES, ids=[f"{d}:{c[:60]}" for d, c in CASES])

@@ -1,4 +1,4 @@
-"""Markdown table of a finished run for docs/REPRODUCTION.md, read from its results.json.
+"""Markdown table of a finished run for docs/REPRODUCTION-NOTES.md, read from its results.json.
 
     python tools/repro_table.py results/repro_unlearning/<time>/results.json [--only PREFIX ...]
 

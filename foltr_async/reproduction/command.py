@@ -15,7 +15,7 @@ from foltr_async.reproduction.report import differences, evaluate, ours, render
 
 CLAIMS = Path("reproduce/claims/claims.toml")
 RECORDS = Path("reproduce/claims/records")
-REPORT = Path("docs/CLAIMS.md")
+REPORT = Path("docs/REPRODUCTION.md")
 SEEDS = Path("../shared/seeds")
 
 

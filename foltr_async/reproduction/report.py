@@ -159,13 +159,17 @@ def render(evaluated: list[Evaluated], records: dict[str, Record]) -> str:
     counts = {v: sum(e.verdict == v for e in evaluated) for v in VOCABULARY}
     lines = [
         HEADER,
-        "# Claims of record",
+        "# Reproducing the published FOLTR findings",
         "",
         "Every published finding the project tests, its verdict computed from the committed "
         "records of the runs that answer it (`reproduce/claims/records/`) by the rules of "
         "`foltr_async/reproduction/verdict.py`. Regenerate with "
         "`python -m foltr_async claims --write`; `python -m foltr_async claims --check` fails "
         "when this file differs from what the records give.",
+        "",
+        "How the runs are made (data, metrics, statistics, running the whole set), each study's "
+        "settings and departures, and the investigations behind them are in "
+        "[REPRODUCTION-NOTES.md](REPRODUCTION-NOTES.md).",
         "",
         "Verdicts: " + ", ".join(f"{v} {counts[v]}" for v in VOCABULARY) + ".",
         "",
