@@ -20,7 +20,9 @@ users' own devices:
   Propensity SVM-Rank bound on the rank of d) by local SGD (one step per query, ``lr_local``,
   ``local_epochs`` passes), and sends its update ``Delta = w_local - w``;
 - the server applies FedOpt: ``w += lr_global * mean(Delta)`` (the mean is the scenario's
-  aggregator with equal weights, so robust rules apply too).
+  aggregator with equal weights, so robust rules apply too); a reply of the wrong length,
+  non-finite, oversized or claiming more queries than the client's is dropped and counted first
+  (``FedIPSStrategy.screen``, docs/SECURITY.md).
 
 Baselines (``estimator``): ``naive`` is FedAvg of the same loss without IPS (p = 1: clicks taken
 at face value, so documents f0 ranks high look more relevant); ``full_info`` is linear

@@ -6,7 +6,11 @@ the server, which learns with PDGD (Oosterhuis & de Rijke, CIKM 2018). To match 
 update schedule (Wang et al., ICTIR 2021, Section 5), the server takes one step per round:
 lr * (sum of the round's per-interaction PDGD gradients) / (number of reporting clients) — the
 first-order equivalent of averaging the clients' B-step local trajectories. ``batch`` > 0 steps
-every ``batch`` interactions instead (batch = 1 is classical online PDGD).
+every ``batch`` interactions instead (batch = 1 is classical online PDGD). A log its client's
+users could not have produced (more interactions than the client's, a query number outside the
+training set, a ranking that is not K distinct offsets within its query's list, clicks of
+another shape or on padding) is dropped and counted before the server learns from it
+(``CentralStrategy.screen``, docs/SECURITY.md).
 """
 
 from __future__ import annotations
