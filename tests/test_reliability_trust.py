@@ -625,7 +625,7 @@ def test_a_worker_s_ready_names_only_its_own_clients_so_its_loss_crashes_only_th
     worker's clients were marked crashed with the peer, no later round had a contribution
     and the results said "4 of 4 clients were lost with their worker". Now the list is cut to
     client 3 (counted), and only client 3 is lost."""
-    path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=2.0)
+    path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=20.0)
     live = Live(tmp_path, path, ["client-0..client-2"], "--heartbeat-timeout", "2")
     every = {f"client-{i:04d}": ["joined", "client"] for i in range(4)}
     rogue = Rogue(live.endpoint, [3], ready_states=lambda msg: every, update=echo,
