@@ -447,9 +447,11 @@ class ZmqServer:
             sim.observer.agent_changed(p.id, p.role, p.state, p.rounds_joined, None)
 
     def _stop_when_idle(self, report: Any) -> bool:
-        """After ``max_empty_rounds`` rounds in a row with nobody to ask, stop the run there
-        (its results so far are kept; the CLI says so and exits 3)."""
-        self.empty_rounds = self.empty_rounds + 1 if report.selected == 0 else 0
+        """After ``max_empty_rounds`` rounds (or asynchronous periods) in a row with no
+        client online and no reply, stop the run there (its results so far are kept; the CLI
+        says so and exits 3)."""
+        empty = not report.online and not report.replied
+        self.empty_rounds = self.empty_rounds + 1 if empty else 0
         if self.empty_rounds < self.max_empty_rounds:
             return False
         self.stopped_at = report.round

@@ -18,6 +18,9 @@ nothing; ``foltr_async.plugins.load_plugins`` installs each entry where it belon
   ``aggregate`` over the replies in client-id order, ``evaluate``); the round engine does the
   rest (selection, deadline, late replies, secure aggregation). The server's other messages
   are the strategy's plain methods marked ``@handles(kind)``, run as they are delivered.
+  ``Strategy.screen(reply)`` says why a reply must not reach ``aggregate`` (it is then dropped
+  and counted); ``screen_reply(body, vectors, max_abs, counts)`` is the check every protocol
+  here uses: vectors of the model's length, finite and bounded, counts at most the client's.
 - ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
   hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
   named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``). ``Probe``:
@@ -56,6 +59,7 @@ from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Float, Int, Kind, Str
 from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.rounds import screen_reply
 from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
@@ -88,4 +92,5 @@ __all__ = [
     "handles",
     "param",
     "parameters",
+    "screen_reply",
 ]

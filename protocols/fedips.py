@@ -20,7 +20,9 @@ users' own devices:
   Propensity SVM-Rank bound on the rank of d) by local SGD (one step per query, ``lr_local``,
   ``local_epochs`` passes), and sends its update ``Delta = w_local - w``;
 - the server applies FedOpt: ``w += lr_global * mean(Delta)`` (the mean is the scenario's
-  aggregator with equal weights, so robust rules apply too).
+  aggregator with equal weights, so robust rules apply too); a reply of the wrong length,
+  non-finite, oversized or claiming more queries than the client's is dropped and counted first
+  (``FedIPSStrategy.screen``, docs/SECURITY.md).
 
 Baselines (``estimator``): ``naive`` is FedAvg of the same loss without IPS (p = 1: clicks taken
 at face value, so documents f0 ranks high look more relevant); ``full_info`` is linear
@@ -63,6 +65,7 @@ from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.codec import Array, Int, Kind, Opt
 from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.rounds import screen_reply
 from foltr_async.scenario.fields import param, parameters
 
 MODEL = "fedips.model"
@@ -489,6 +492,27 @@ class FedIPSStrategy(Strategy):
         if not self.em:
             return {"params": self.model, "propensity": None, "relevance": None}
         return {"params": self.model, "propensity": self.theta, "relevance": self.w_rel}
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        """An update of the model's length, finite and bounded, of at most the client's
+        queries; with the federated EM also its statistics: one value per rank (the relevance
+        step one per relevance weight), at most one shown document per rank and query, at
+        most as much examined mass as shown documents."""
+        body, ctx = reply.body, self.ctx
+        most = ctx.most_interactions(reply.src)
+        vectors = {"delta": self.model.size}
+        if self.em:
+            k = self.theta.size
+            vectors.update(em_examined=k, em_shown=k, em_relevance=self.w_rel.size)
+        why = screen_reply(body, vectors, counts={"n_interactions": most})
+        if why is not None or not self.em:
+            return why
+        shown, examined = body["em_shown"], body["em_examined"]
+        if not ((shown >= 0).all() and (shown <= body["n_interactions"]).all()):
+            return "update_out_of_range", "em_shown outside 0..n_interactions"
+        if not ((examined >= 0).all() and (examined <= shown + 1e-6).all()):
+            return "update_out_of_range", "em_examined outside 0..em_shown"
+        return None
 
     def aggregate(self, round: int, replies: list) -> dict:
         deltas = np.stack([r.body["delta"] for r in replies])

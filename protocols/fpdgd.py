@@ -55,7 +55,7 @@ from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.rounds import MAX_ABS, screen_interactions, screen_vector
+from foltr_async.runtime.rounds import MAX_ABS, screen_reply
 from foltr_async.runtime.secure import Summable
 from foltr_async.scenario.fields import param, parameters
 
@@ -281,8 +281,9 @@ class CalibrationStrategy(Strategy):
 
     def screen(self, reply) -> tuple[str, str] | None:
         """A calibrated update of the model's length, of at most the calibration's steps."""
-        why = screen_vector(reply.body, "update", self.base.model.size, self.base.max_abs())
-        return why or screen_interactions(reply.body, self.base.ctx.params.calibration_steps)
+        base = self.base
+        most = {"n_interactions": base.ctx.params.calibration_steps}
+        return screen_reply(reply.body, {"update": base.model.size}, base.max_abs(), most)
 
     def aggregate(self, round: int, replies: list) -> dict:
         used = [r for r in replies if r.body["n_interactions"] > 0]

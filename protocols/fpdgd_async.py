@@ -40,7 +40,7 @@ from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
-from foltr_async.runtime.rounds import screen_interactions, screen_vector
+from foltr_async.runtime.rounds import screen_reply
 from foltr_async.scenario.fields import param, parameters
 
 
@@ -135,8 +135,10 @@ class AsyncFPDGDStrategy(AsyncStrategy):
     def screen(self, reply) -> tuple[str, str] | None:
         """A model of the global model's length, finite and bounded, of at most the client's
         interactions."""
-        why = screen_vector(reply.body, "params", self.model.size)
-        return why or screen_interactions(reply.body, self.ctx.most_interactions(reply.src))
+        most = self.ctx.most_interactions(reply.src)
+        return screen_reply(
+            reply.body, {"params": self.model.size}, counts={"n_interactions": most}
+        )
 
     def apply(self, reply, staleness: int) -> bool:
         theta = reply.body["params"]

@@ -20,7 +20,7 @@ from foltr_async.protocols.learner import PDGDLearner, Served
 from foltr_async.protocols.users import Users
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.engine import Strategy
-from foltr_async.runtime.rounds import MAX_ABS, screen_interactions, screen_vector
+from foltr_async.runtime.rounds import MAX_ABS, screen_reply
 
 
 class OnlineClient(Agent):
@@ -96,13 +96,11 @@ class ModelStrategy(Strategy):
         """A model of the global model's length, finite and bounded (``max_abs``), weighted by
         at most the client's interactions."""
         body = reply.body
-        if "params" in body:
-            why = screen_vector(body, "params", self.model.size, self.max_abs())
-            if why is not None:
-                return why
-        if "n_interactions" in body:
-            return screen_interactions(body, self.ctx.most_interactions(reply.src))
-        return None
+        vectors = {"params": self.model.size} if "params" in body else {}
+        counts = {"n_interactions": self.ctx.most_interactions(reply.src)}
+        return screen_reply(
+            body, vectors, self.max_abs(), counts if "n_interactions" in body else {}
+        )
 
     def max_abs(self) -> float:
         """The largest |coordinate| a client's model may hold."""

@@ -6,7 +6,11 @@ the server, which learns with PDGD (Oosterhuis & de Rijke, CIKM 2018). To match 
 update schedule (Wang et al., ICTIR 2021, Section 5), the server takes one step per round:
 lr * (sum of the round's per-interaction PDGD gradients) / (number of reporting clients) — the
 first-order equivalent of averaging the clients' B-step local trajectories. ``batch`` > 0 steps
-every ``batch`` interactions instead (batch = 1 is classical online PDGD).
+every ``batch`` interactions instead (batch = 1 is classical online PDGD). A log its client's
+users could not have produced (more interactions than the client's, a query number outside the
+training set, a ranking that is not K distinct offsets within its query's list, clicks of
+another shape or on padding) is dropped and counted before the server learns from it
+(``CentralStrategy.screen``, docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 
 from foltr_async.protocols.api import (
     Array,
+    K,
     Kind,
     ModelStrategy,
     OnlineClient,
@@ -23,6 +28,7 @@ from foltr_async.protocols.api import (
     handles,
     param,
     parameters,
+    screen_reply,
 )
 from foltr_async.protocols.learner import PDGDLearner
 
@@ -78,6 +84,38 @@ class CentralStrategy(ModelStrategy):
         self.learner = PDGDLearner(
             ctx, np.empty(0, np.int64), ctx.rng("server-learner"), "server", lr=ctx.params.lr
         )
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        """A log the client's users could have produced, or the reply is dropped: at most the
+        client's interactions, every query a training query, every ranking K distinct
+        document offsets within its query's list (-1 padding only at the end), clicks of the
+        rankings' shape on shown documents only. A log out of range would otherwise crash the
+        server's PDGD step or read another query's documents."""
+        body = reply.body
+        queries, rankings, clicks = body["queries"], body["rankings"], body["clicks"]
+        n = queries.size
+        most = {"queries": self.ctx.most_interactions(reply.src)}
+        why = screen_reply({"queries": n}, {}, counts=most)
+        if why is not None:
+            return why
+        if rankings.shape != (n, K) or clicks.shape != (n, K):
+            return "log_wrong_shape", (
+                f"rankings {rankings.shape} and clicks {clicks.shape} for {n} queries (K = {K})"
+            )
+        train = self.ctx.data.train
+        if n and not (queries.min() >= 0 and queries.max() < train.n_queries):
+            return "log_bad_query", f"query numbers outside 0..{train.n_queries - 1}"
+        sizes = np.diff(train.qptr)[queries]
+        padded = rankings < 0
+        bad = (rankings < -1) | (rankings >= sizes[:, None])
+        bad[:, :-1] |= padded[:, :-1] & ~padded[:, 1:]  # a shown document after the padding
+        ordered = np.sort(rankings, axis=1)
+        bad[:, 1:] |= (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)  # repeats
+        if bad.any():
+            return "log_bad_ranking", "rankings must be distinct offsets in their query"
+        if (clicks & padded).any():
+            return "log_bad_ranking", "a click on a padding slot"
+        return None
 
     def aggregate(self, round: int, replies: list) -> dict:
         p = self.ctx.params

@@ -73,8 +73,9 @@ def rss_kb(pid: int) -> int:
 class Rogue(threading.Thread):
     """A peer that says hello claiming ``claims`` and answers the server's control requests
     as a worker would, hosting nothing: ``ready`` lists ``ready_states(run message)``; a
-    model to one of its clients is answered by the replies ``update(round, params)`` lists;
-    ``on_run(rogue)`` runs once the run message came (forged flushes, floods)."""
+    model to one of its clients is answered by the replies ``update(round, params)`` lists
+    (FPDGD), or by the ``(kind, body)`` replies ``reply(kind, round, body)`` lists (any
+    protocol); ``on_run(rogue)`` runs once the run message came (forged flushes, floods)."""
 
     def __init__(
         self,
@@ -84,6 +85,7 @@ class Rogue(threading.Thread):
         name: str = "rogue",
         ready_states: Callable[[dict], dict] | None = None,
         update: Callable[[int, np.ndarray], list[tuple]] | None = None,
+        reply: Callable[[str, int, dict], list[tuple[str, dict]]] | None = None,
         on_run: Callable[["Rogue"], None] | None = None,
         on_welcome: Callable[["Rogue"], None] | None = None,
         quit_after_run: float | None = None,
@@ -96,6 +98,7 @@ class Rogue(threading.Thread):
             lambda msg: {a: ["joined", "client"] for a in msg["agents"]}
         )
         self.update, self.on_run, self.quit_after_run = update, on_run, quit_after_run
+        self.reply = reply
         self.on_welcome = on_welcome
         self.ready_after = ready_after  # seconds before it answers the run (after the others)
         self.done = threading.Event()  # set once on_run / on_welcome returned
@@ -129,9 +132,11 @@ class Rogue(threading.Thread):
         }
 
     def send_update(self, src: str, round: int, params: np.ndarray, n: int) -> None:
+        self.send_reply(src, round, UPDATE, {"params": params, "n_interactions": n})
+
+    def send_reply(self, src: str, round: int, kind: str, body: dict) -> None:
         self.seq += 1
-        env = Envelope(UPDATE, src, "server", {"params": params, "n_interactions": n}, round,
-                       self.seq, 0.0)  # fmt: skip
+        env = Envelope(kind, src, "server", body, round, self.seq, 0.0)
         self.sock.send_multipart([b"M", RUN.pack(self.run_id, 0.0), b"server", encode(env)])
         self.sent_updates += 1
 
@@ -151,12 +156,15 @@ class Rogue(threading.Thread):
             if frames[0] == b"C":
                 msg = unpack_control(frames[1])
                 ran_at = self._control(msg) or ran_at
-            elif frames[0] == b"B" and self.update is not None:
+            elif frames[0] == b"B" and (self.update or self.reply) is not None:
                 src, kind, rnd, _, dsts, _, _ = msgpack.unpackb(frames[2])
-                if kind == "fpdgd.model":
-                    params = msgpack.unpackb(frames[3], ext_hook=_array)["params"]
-                    for dst in dsts:
-                        for reply in self.update(rnd, params):
+                body = msgpack.unpackb(frames[3], ext_hook=_array)
+                for dst in dsts:
+                    if self.reply is not None:
+                        for reply_kind, reply in self.reply(kind, rnd, body):
+                            self.send_reply(dst, rnd, reply_kind, reply)
+                    elif kind == "fpdgd.model":
+                        for reply in self.update(rnd, body["params"]):
                             self.send_update(dst, rnd, *reply)
         self.sock.close(0)
         self.ctx.term()
@@ -356,6 +364,145 @@ def test_bad_updates_from_a_worker_are_dropped_and_counted_and_the_run_ends(tmp_
         assert all(np.isfinite(rep["offline"]["ndcg@10"]))
 
 
+CSFLTR_SMALL = """
+[scenario]
+name = "trust"
+seed = 5
+[dataset]
+profile = "mq2007-like"
+n_queries = 12
+[federation]
+protocol = "csfltr"
+clients = 4
+rounds = 5
+[federation.params]
+mode = "global"
+docs_per_party = 200
+vocab_size = 2000
+topics = 6
+body_len = 200
+queries_per_party = 8
+test_queries = 12
+judged = [2, 4]
+local_candidates = 10
+stopwords = 30
+[evaluation]
+every = 2
+"""
+
+
+def _fedips_replies(kind: str, rnd: int, body: dict) -> list[tuple[str, dict]]:
+    """FedIPS: round 1 a delta one float too long, 2 x1e12, 3 2**40 interactions, 4 NaN,
+    each followed by a well-formed zero delta; later rounds the zero delta alone."""
+    good = {"delta": np.zeros(body["params"].size), "n_interactions": 3, "em_examined": None,
+            "em_shown": None, "em_relevance": None}  # fmt: skip
+    nan = np.zeros(body["params"].size)
+    nan[0] = np.nan
+    bad = {
+        1: {**good, "delta": np.zeros(body["params"].size + 1)},
+        2: {**good, "delta": np.full(body["params"].size, 1e12)},
+        3: {**good, "n_interactions": 2**40},
+        4: {**good, "delta": nan},
+    }
+    return [("fedips.update", bad[rnd]), ("fedips.update", good)] if rnd in bad else [
+        ("fedips.update", good)]  # fmt: skip
+
+
+def _csfltr_replies(kind: str, rnd: int, body: dict) -> list[tuple[str, dict]]:
+    """CS-F-LTR: round 1 a model one float too long, 2 x1e12, 3 2**40 queries (all of
+    FedAvg's weight), each followed by the model it got back."""
+    good = {"params": body["params"].copy(), "n_queries": 1, "instances": 10}
+    bad = {
+        1: {**good, "params": np.zeros(body["params"].size + 1)},
+        2: {**good, "params": np.full(body["params"].size, 1e12)},
+        3: {**good, "n_queries": 2**40},
+    }
+    return [("csfltr.update", bad[rnd]), ("csfltr.update", good)] if rnd in bad else [
+        ("csfltr.update", good)]  # fmt: skip
+
+
+def _central_replies(kind: str, rnd: int, body: dict) -> list[tuple[str, dict]]:
+    """Centralised PDGD: round 1 a document offset far past its query's list, 2 a query
+    number -1, 3 a query number past the training set, 4 clicks one column wider than the
+    rankings, 5 a document shown twice, 6 a click on padding, 7 1,000 interactions (the
+    client has 3), each followed by an empty log; later rounds the empty log alone."""
+    k = 10
+
+    def log(queries, rankings, clicks=None) -> dict:
+        rankings = np.asarray(rankings, dtype=np.int64).reshape(len(queries), k)
+        if clicks is None:
+            clicks = np.zeros(rankings.shape, dtype=bool)
+        return {"queries": np.asarray(queries, dtype=np.int64), "rankings": rankings,
+                "clicks": clicks}  # fmt: skip
+
+    row = list(range(k))
+    pad = list(range(5)) + [-1] * 5
+    padded_click = np.zeros((1, k), dtype=bool)
+    padded_click[0, 7] = True
+    bad = {
+        1: log([0], [[10**6] + row[1:]]),
+        2: log([-1], [row]),
+        3: log([10**6], [row]),
+        4: log([0], [row], np.zeros((1, k + 1), dtype=bool)),
+        5: log([0], [[0, 0] + row[2:]]),
+        6: log([0], [pad], padded_click),
+        7: log([0] * 1000, [row] * 1000),
+    }
+    empty = log([], np.zeros((0, k)))
+    return [("central.log", bad[rnd]), ("central.log", empty)] if rnd in bad else [
+        ("central.log", empty)]  # fmt: skip
+
+
+def test_bad_replies_of_every_protocol_s_server_are_dropped_and_counted(tmp_path, mq2008_dir):
+    """A peer hosting one client answers FedIPS, CS-F-LTR (global mode) and centralised
+    PDGD rounds with malformed replies: wrong lengths, x1e12, NaN, a weight (interactions,
+    queries) far beyond the client's, click logs naming documents past their query's list,
+    query numbers outside the training set, clicks of another shape, a document shown twice,
+    a click on padding. The old servers had no screen for these protocols: a wrong length
+    crashed FedIPS's and CS-F-LTR's aggregation and a bad log crashed centralised PDGD's
+    PDGD step (exit 1), an oversized weight took all of CS-F-LTR's FedAvg. Each is dropped
+    before aggregation and counted by reason; every run ends with exit 0 and finite
+    metrics, every round aggregating every client's one good reply."""
+    cases = {  # scenario, replies, rounds, drops expected, bad replies
+        "fedips": ({"protocol": '"fedips"', "rounds": 6}, _fedips_replies, 6,
+                   {"update_wrong_length": 1, "update_too_large": 1, "update_interactions": 1},
+                   4),
+        "csfltr": (None, _csfltr_replies, 5,
+                   {"update_wrong_length": 1, "update_too_large": 1, "update_interactions": 1},
+                   3),
+        "pdgd_central": ({"protocol": '"pdgd_central"', "rounds": 8}, _central_replies, 8,
+                         {"log_bad_ranking": 3, "log_bad_query": 2, "log_wrong_shape": 1,
+                          "update_interactions": 1},
+                         7),
+    }  # fmt: skip
+    for name, (fed, reply, rounds, expected, n_bad) in cases.items():
+        tmp = tmp_path / name
+        tmp.mkdir()
+        if fed is None:
+            path = tmp / "trust.toml"
+            path.write_text(CSFLTR_SMALL)
+        else:
+            path = scenario(tmp, mq2008_dir, **fed)
+        live = Live(tmp, path, ["client-0..client-2"])
+        rogue = Rogue(live.endpoint, [3], reply=reply)
+        try:
+            live.joined(1)
+            rogue.start()
+            code = live.finish()
+        finally:
+            rogue.stop.set()
+            live.close()
+        assert code == 0, (name, live.console()[-3000:])
+        rep = repeat_of(live.out)
+        dropped = rep["messages"]["dropped"]
+        print(name, dict(dropped))
+        assert rogue.sent_updates == rounds + n_bad, name
+        for reason, n in expected.items():
+            assert dropped[reason] == n, (name, reason, dict(dropped))
+        assert rep["contributions"]["per_round"] == [4] * rounds, name
+        assert all(np.isfinite(rep["offline"]["ndcg@10"])), name
+
+
 # --------------------------------------------------------------------------- measurements
 
 
@@ -478,7 +625,7 @@ def test_a_worker_s_ready_names_only_its_own_clients_so_its_loss_crashes_only_th
     worker's clients were marked crashed with the peer, no later round had a contribution
     and the results said "4 of 4 clients were lost with their worker". Now the list is cut to
     client 3 (counted), and only client 3 is lost."""
-    path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=2.0)
+    path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.5, deadline=20.0)
     live = Live(tmp_path, path, ["client-0..client-2"], "--heartbeat-timeout", "2")
     every = {f"client-{i:04d}": ["joined", "client"] for i in range(4)}
     rogue = Rogue(live.endpoint, [3], ready_states=lambda msg: every, update=echo,
@@ -556,6 +703,32 @@ def test_serve_with_no_worker_stops_after_the_stated_empty_rounds_and_exits_3(tm
     rep = repeat_of(out)
     assert rep["contributions"]["per_round"] == [0, 0, 0, 0]
     assert rep["transport"]["stopped_idle_at"] == 4
+
+
+def test_serve_of_an_asynchronous_run_with_no_worker_stops_after_the_stated_empty_periods(
+    tmp_path, mq2008_dir
+):
+    """Asynchronous FPDGD (30 reporting periods of 60 s) with no worker: the old server never
+    counted its empty periods, so it waited every period in real time (30 minutes) before
+    exit 3. An empty period (no client online, none training) ends at once and counts toward
+    ``--max-empty-rounds`` as an empty round does: the run stops at period 4 with exit 3."""
+    path = scenario(tmp_path, mq2008_dir, rounds=30, protocol='"fpdgd_async"',
+                    extra="[federation.params]\nperiod = 60.0\ncompute_time = 1.0")  # fmt: skip
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [*CLI, "serve", str(path), "--bind", f"tcp://127.0.0.1:{free_port()}", "--insecure",
+         "--join-timeout", "1", "--max-empty-rounds", "4", "--out", str(out), "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert [x for x in done.stderr.splitlines() if x.startswith("error: stopped")] == [
+        "error: stopped (default repeat 0 at round 4): 4 rounds in a row had no client online, "
+        f"no worker hosts them (--max-empty-rounds; results kept in {out})"
+    ]
+    rep = repeat_of(out)
+    assert rep["transport"]["stopped_idle_at"] == 4
+    assert rep["contributions"]["per_round"] == [0, 0, 0, 0]
 
 
 # --------------------------------------------------------------------------- logging

@@ -13,7 +13,10 @@ periods of ``strategy.period`` simulated seconds; at the start of each the bus r
 online (the network model's availability, once per period as once per round) and idle online
 clients get the model, at most ``participation`` of the online ones training at a time (FedBuff's
 concurrency). A client not heard from ``plan.deadline`` seconds after its dispatch (its update or
-the model was dropped, or it went offline) is idle again. Models go out at the end of the
+the model was dropped, or it went offline) is idle again. A period with no client online and
+none training is an empty one, as a round with nobody to ask: without ``wait_empty`` (a
+real-time server) it ends at once, and ``stop_when`` is asked after every period as after
+every round. Models go out at the end of the
 simulated instant in which they were asked for (one broadcast for every client freed in that
 instant), so updates that arrive together are all applied before anyone gets the next model:
 with equal devices and a buffer of every client, FedBuff then plays exactly the synchronous
@@ -181,7 +184,11 @@ class AsyncServerAgent(ServerAgent):
             start = loop.time()
             self._start_period(r)
             end = t0 + (r - first_round + 1) * self.strategy.period
-            await asyncio.sleep(max(0.0, end - loop.time()))
+            wait = max(0.0, end - loop.time())
+            if self.wait_empty or self._online or self._busy or self._to_send:
+                await asyncio.sleep(wait)
+            else:  # nobody to ask or to wait for: the period ends at once (real time)
+                t0 -= wait
             metrics = None
             if (r - first_round + 1) % self.plan.eval_every == 0 or r == last:
                 metrics = self.strategy.evaluate()
@@ -206,4 +213,6 @@ class AsyncServerAgent(ServerAgent):
             reports.append(report)
             if self._after_round is not None:
                 self._after_round(report)
+            if self.stop_when is not None and self.stop_when(report):
+                break
         return reports

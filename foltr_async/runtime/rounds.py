@@ -100,9 +100,34 @@ def screen_vector(
     return None
 
 
-def screen_interactions(body: dict, most: int) -> tuple[str, str] | None:
+def screen_interactions(
+    body: dict, most: int, name: str = "n_interactions"
+) -> tuple[str, str] | None:
     """A reply's ``n_interactions`` (its FedAvg weight) is at most what the client was given."""
-    n = body["n_interactions"]
+    n = body[name]
     if n > most:
-        return "update_interactions", f"n_interactions {n} > the client's {most}"
+        return "update_interactions", f"{name} {n} > the client's {most}"
+    return None
+
+
+def screen_reply(
+    body: dict,
+    vectors: dict[str, int],
+    max_abs: float = MAX_ABS,
+    counts: dict[str, int] | None = None,
+) -> tuple[str, str] | None:
+    """The screen of a round reply made of vectors and counts (every protocol's ``screen``):
+    each vector ``name: length`` present (an optional field of the kind's schema may be
+    None), of its length, finite and within ``max_abs`` (``screen_vector``); each count
+    ``name: most`` at most what the client was given (``screen_interactions``)."""
+    for name, length in vectors.items():
+        if body.get(name) is None:
+            return "update_incomplete", f"{name} is missing"
+        why = screen_vector(body, name, length, max_abs)
+        if why is not None:
+            return why
+    for name, most in (counts or {}).items():
+        why = screen_interactions(body, most, name)
+        if why is not None:
+            return why
     return None

@@ -22,6 +22,7 @@ from foltr_async.protocols.csfltr.party import Party
 from foltr_async.protocols.csfltr.primitives import evaluate
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.engine import Strategy
+from foltr_async.runtime.rounds import screen_reply
 
 
 class CSFLTRStrategy(Strategy):
@@ -58,6 +59,15 @@ class CSFLTRStrategy(Strategy):
             if pid in candidates:
                 return [pid]
         return []
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        """A model of the features' length, finite and bounded, weighted (``n_queries``) by at
+        most the party's training queries."""
+        proto = self.proto
+        p = proto.party_number(reply.src)
+        most = proto.corpus.train_queries(p).size if p >= 0 else 0
+        counts = {"n_queries": most}
+        return screen_reply(reply.body, {"params": self.model.size}, counts=counts)
 
     def aggregate(self, round: int, replies: list) -> dict:
         for r in replies:
@@ -143,6 +153,7 @@ class CSFLTR(ProtocolRun):
         self.hashes = party_hashes(ctx.seed, p.z, p.w)
         self.stop = p.stopwords
         self.test = test_set(self.corpus, p.local_candidates, self.stop)
+        self._numbers: dict[str, int] | None = None
         self.strategy = CSFLTRStrategy(self)
         self.measure = Measurements(ctx.probe, self.k, self.corpus, self.stop)
 
@@ -155,12 +166,18 @@ class CSFLTR(ProtocolRun):
     def party_id(self, p: int) -> str:
         return client_id(p)
 
+    def party_number(self, agent_id: str) -> int:
+        """The party an id names (-1: none of this corpus's parties)."""
+        if self._numbers is None:
+            self._numbers = {self.party_id(p): p for p in range(self.corpus.n_parties)}
+        return self._numbers.get(agent_id, -1)
+
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         # a worker process builds only its own parties: the number is in the id
-        ids = {self.party_id(p): p for p in range(self.corpus.n_parties)}
-        if agent_id not in ids:
+        p = self.party_number(agent_id)
+        if p < 0:
             raise ScenarioError(f"csfltr: unexpected party id {agent_id}")
-        return Party(agent_id, self, ids[agent_id], rng)
+        return Party(agent_id, self, p, rng)
 
     def attach_server(self, server) -> None:
         self.server = server  # the strategy's relay sends through it
