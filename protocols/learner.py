@@ -123,7 +123,7 @@ class PDGDLearner:
     @property
     def batched(self) -> bool:
         """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
-        return self.pool is not None and self.mu == 0.0 and self._kernel_users
+        return self.pool is not None and self._kernel_users
 
     async def show(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` queries shown from the ranker's current weights, each as ``serve`` shows it:
@@ -226,7 +226,9 @@ class PDGDLearner:
         """``train(start, n)`` as a job for the batched path."""
         users = self.users
         bound, order = self.clip if self.clip else (None, 2)
-        return PDGDJob(start, users.queries, n, self.rng, users.click_model, self.lr, bound, order)
+        return PDGDJob(
+            start, users.queries, n, self.rng, users.click_model, self.lr, bound, order, self.mu
+        )
 
 
 def batch_kind(ranker) -> tuple | None:

@@ -56,13 +56,13 @@ class Shown:
         self.values.append(ndcg_value)
 
 
-def learner(ctx, queries, seed, model):
+def learner(ctx, queries, seed, model, mu=0.0):
     """An FPDGD client's PDGD learner with its own probe (to compare what its users were
-    shown)."""
+    shown); ``mu``: FedProx's proximal weight."""
     p = ctx.params
     clip = (p.clip_bound, p.clip_order) if p.dp else None
     rng = np.random.default_rng(seed)
-    lrn = pdgd_learner.PDGDLearner(ctx, queries, rng, click_model=model, lr=p.lr, clip=clip)
+    lrn = pdgd_learner.PDGDLearner(ctx, queries, rng, click_model=model, lr=p.lr, clip=clip, mu=mu)
     lrn.users.probe = Shown()
     lrn.users.issued = []
     return lrn
@@ -218,6 +218,70 @@ def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
     assert deeper is None  # two hidden layers: one query at a time
     with pytest.raises(ValueError, match="MLP with 16 hidden"):
         train_mlp_batch(train, [bat[0].job(np.zeros(5), 1)], 16)
+
+
+@pytest.mark.parametrize("hidden", [0, 5])  # 0: linear rankers
+@pytest.mark.parametrize(
+    ("mu", "dp", "norm", "lr"),
+    [
+        (0.1, False, "l2", 0.1),
+        (1.0, True, "l2", 0.5),
+        (5.0, True, "l1", 0.1),
+        (0.7, True, "l2", 1.0),
+        (2.0, False, "l2", 0.05),
+    ],
+)
+def test_fedprox_batch_equals_the_sequential_learner(mu, dp, norm, lr, hidden):
+    """FedProx (mu > 0) on the batched path: every step also pulls back to the start weights,
+    a query without a click still takes that step and the DP clipping (either norm), as
+    ``PDGDLearner.train`` does: the same draws, nDCG and weights up to float rounding."""
+    n_grades = 5 if hidden else 3
+    train = make_queryset(n_grades, seed=6)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, n_grades, ranker, dp=dp, lr=lr, sensitivity=3.0, clip_norm=norm)
+    cases = random_cases(train, n_grades, 70, seed=int(10 * mu) + hidden)
+    init = np.random.default_rng(int(mu * 10))
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
+    seq = [learner(ctx, q, 900 + j, m, mu) for j, (q, _, _, m) in enumerate(cases)]
+    bat = [learner(ctx, q, 900 + j, m, mu) for j, (q, _, _, m) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    steps = [n + 3 for _, n, _, _ in cases]  # 3 to 8 steps: the proximal pull accumulates
+    expected = [lrn.train(w, n) for lrn, w, n in zip(seq, starts, steps, strict=True)]
+    jobs = [lrn.job(w, n) for lrn, w, n in zip(bat, starts, steps, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = train_mlp_batch(train, jobs, hidden) if hidden else train_linear_batch(train, jobs)
+    plain = [lrn.job(w, n) for lrn, w, n in zip(
+        [learner(ctx, q, 900 + j, m) for j, (q, _, _, m) in enumerate(cases)], starts, steps,
+        strict=True,
+    )]  # fmt: skip
+    without = train_mlp_batch(train, plain, hidden) if hidden else train_linear_batch(train, plain)
+    differs = 0
+    for j, (s, b, n) in enumerate(zip(seq, bat, steps, strict=True)):
+        assert s.rng.bit_generator.state == b.rng.bit_generator.state, j
+        np.testing.assert_allclose(res.weights[j], expected[j], rtol=1e-9, atol=1e-12)
+        assert res.queries[j, :n].tolist() == s.users.issued
+        np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
+        differs += not np.allclose(res.weights[j], without.weights[j], rtol=1e-6, atol=1e-9)
+    assert differs > len(cases) // 3  # the proximal term changed what was learned
+
+
+def test_fedprox_steps_on_queries_without_clicks():
+    """A query nobody clicks: plain PDGD takes no step (the weights stay, unclipped), FedProx
+    still takes its proximal step and the DP clipping after it."""
+    train = make_queryset(3)
+    ctx = make_ctx(train, 3, lr=0.5, dp=True, sensitivity=2.0)
+    start = np.full(N_FEATURES, 3.0)  # outside the clip ball of radius 1
+    nobody = cascade("perfect", 3)  # query 9 is all grade 0: no clicks
+    plain = learner(ctx, np.array([9]), 1, nobody)
+    res = train_linear_batch(train, [plain.job(start, 3)])
+    assert np.array_equal(res.weights[0], start)  # no click, no step, no clipping
+    prox = learner(ctx, np.array([9]), 1, nobody, mu=0.5)
+    res = train_linear_batch(train, [prox.job(start, 3)])
+    ref = learner(ctx, np.array([9]), 1, nobody, mu=0.5).train(start, 3)
+    np.testing.assert_allclose(res.weights[0], ref, rtol=1e-12)
+    assert np.linalg.norm(res.weights[0]) <= 1.0 + 1e-12  # a step was taken: it was clipped
 
 
 def test_clicks_regimes_no_click_all_click_and_short_lists():

@@ -111,7 +111,9 @@ class PDGDJob:
 
     ``rng`` is the learner's own generator (also its users'), consumed exactly as the sequential
     path would; ``clip`` is the DP norm bound applied after every update (None: no clipping),
-    in the L``clip_order`` norm (2 or 1).
+    in the L``clip_order`` norm (2 or 1); ``mu`` is FedProx's proximal weight: every step also
+    takes ``-lr mu (w - weights)``, and a query without a click still takes that part (and the
+    clipping), as ``PDGDLearner.train`` does.
     """
 
     weights: np.ndarray
@@ -122,6 +124,7 @@ class PDGDJob:
     lr: float
     clip: float | None = None
     clip_order: int = 2
+    mu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ _TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDi
 
 
 def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per job (lr, clip norm or inf, click model number, clip order); per model its
+    """Per job (lr, clip norm or inf, click model number, clip order, mu); per model its
     (P(click | grade), P(stop | click, grade)) rows, padded, and its grade count."""
     number: dict[int, int] = {}
     models: list[CascadeModel] = []
@@ -157,7 +160,7 @@ def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray
                 raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
             i = number[id(m)] = len(models)
             models.append(m)
-        rows.append((job.lr, np.inf if job.clip is None else job.clip, i, job.clip_order))
+        rows.append((job.lr, np.inf if job.clip is None else job.clip, i, job.clip_order, job.mu))
     if len(models) == 1 and models[0] in _TABLES:
         tables = _TABLES[models[0]]
     else:
@@ -266,6 +269,8 @@ def _train(
     owned_ptr = np.array(owned_ptr, dtype=np.int64)
     steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
     train_linear, draw, step, n_threads = pdgd_kernel.use_threads(len(jobs), int(steps.sum()))
+    # FedProx's anchor: the start weights (read by the kernel only for jobs with mu != 0)
+    w0 = w.copy() if params[:, 4].any() else np.empty((0, n_params))
     features = train.features
     if not hidden:
         n_rec = len(jobs) if record else 0
@@ -273,8 +278,8 @@ def _train(
         seen = np.zeros(served.shape, dtype=np.bool_)
         query, shown = train_linear(
             ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
-            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
-            served, seen,
+            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, w0,
+            n_threads, served, seen,
         )  # fmt: skip
         if not record:
             served = seen = None
@@ -307,8 +312,8 @@ def _train(
             at += n
         step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
-            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
-            aptr, max_docs, n_threads,
+            data.gains, data.discount, data.ideal, tables, n_grades, params, w, w0, shown, k,
+            acts, aptr, max_docs, n_threads,
         )  # fmt: skip
     return BatchResult(w, query, shown)
 

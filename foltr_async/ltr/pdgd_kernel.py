@@ -514,16 +514,25 @@ def _interact(
 
 
 @jit
-def _ascend(w, j, grad, params):
-    """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``), in the
-    L2 norm, or the L1 norm when ``params[j, 3]`` is 1."""
+def _ascend(w, j, grad, params, w0):
+    """``w[j] += lr * grad``, with FedProx's proximal part ``- lr mu (w[j] - w0[j])`` when the
+    job's ``mu = params[j, 4]`` is not 0 (``w0``: the jobs' start weights), then DP clipping to
+    the job's norm bound (``params[j]``), in the L2 norm, or the L1 norm when ``params[j, 3]``
+    is 1."""
     n_par = w.shape[1]
     lr = params[j, 0]
+    mu = params[j, 4]
     l1 = params[j, 3] == 1.0
     total = 0.0
-    for f in range(n_par):
-        w[j, f] = w[j, f] + lr * grad[f]
-        total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
+    if mu == 0.0:
+        for f in range(n_par):
+            w[j, f] = w[j, f] + lr * grad[f]
+            total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
+    else:
+        lr_mu = lr * mu  # the reference's ``lr * mu * (theta - start)``, in its order
+        for f in range(n_par):
+            w[j, f] = w[j, f] + (lr * grad[f] - lr_mu * (w[j, f] - w0[j, f]))
+            total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
     bound = params[j, 1]
     norm = total if l1 else np.sqrt(total)
     if norm > bound:
@@ -608,7 +617,7 @@ def _chunks(n_jobs, n_threads):
 @jit(inline="always")
 def _train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen,
 ):  # fmt: skip
     """A whole batch of linear learners in one call: ``draw``, then every job's interactions
     (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
@@ -643,45 +652,52 @@ def _train_linear(
                     for i in range(min(k, n)):
                         served[j, s, i] = top_i[i]
                         seen[j, s, i] = clicked[i]
-                if m and not served.shape[0]:
+                if served.shape[0]:
+                    continue
+                if m:
                     _linear_grad(grad, coef, top_i, m, features, first)
-                    _ascend(w, j, grad, params)
+                elif params[j, 4] != 0.0:  # FedProx steps without a click too
+                    grad[:] = 0.0
+                else:
+                    continue
+                _ascend(w, j, grad, params, w0)
     return query, ndcg
 
 
 @_parallel
 def train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen,
 ):  # fmt: skip
     """``_train_linear``, jobs in parallel (``use_threads`` picks it)."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
+        discount, ideal, tables, n_grades, params, w, w0, n_threads, served, seen,
     )  # fmt: skip
 
 
 @jit
 def _train_linear_serial(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen,
 ):  # fmt: skip
     """``_train_linear``, one job after the other."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
+        discount, ideal, tables, n_grades, params, w, w0, n_threads, served, seen,
     )  # fmt: skip
 
 
 @jit(inline="always")
 def _step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
 ):  # fmt: skip
     """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
-    ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1): the
+    ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1, FedProx
+    mu; ``w0[j]`` the start weights mu pulls back to, read only when mu is not 0): the
     model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
     ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
     document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
@@ -703,37 +719,39 @@ def _step(
                 j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
                 discount, ideal, tables, n_grades, params, ndcg, k, work,
             )  # fmt: skip
-            if not m:
-                continue
             first = qptr[query[j, s]]
-            if acts.shape[1]:
+            if not m:
+                if params[j, 4] == 0.0:
+                    continue
+                grad[:] = 0.0  # FedProx steps without a click too
+            elif acts.shape[1]:
                 _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
             else:
                 _linear_grad(grad, coef, top_i, m, features, first)
-            _ascend(w, j, grad, params)
+            _ascend(w, j, grad, params, w0)
 
 
 @_parallel
 def step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
 ):  # fmt: skip
     """``_step``, jobs in parallel (``use_threads`` picks it)."""
     _step(
         s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+        ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
     )  # fmt: skip
 
 
 @jit
 def _step_serial(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
 ):  # fmt: skip
     """``_step``, one job after the other."""
     _step(
         s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+        ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
     )  # fmt: skip
 
 
