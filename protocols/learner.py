@@ -6,10 +6,12 @@ while its server learns from their logs through ``learn_logged``, so the interac
 Plackett-Luce ranking, show it, step on the clicks) is written once. ``learn`` hands the training to
 the run's compute pool (``BatchPool``), which trains every pending learner in one batched pass
 (``foltr_async.ltr.pdgd_batch``), whenever the batched path computes the same thing: a linear ranker
-or a one-hidden-layer tanh MLP, cascade users drawing queries at random, plain PDGD steps (no
-proximal term, no shared data). Otherwise it trains one query at a time (``train``, also the
-reference the batched path is tested against). Each learner draws from its own generator exactly as
-``train`` does, so batching changes what its users see only up to float rounding.
+or a one-hidden-layer tanh MLP, cascade users drawing queries at random, no shared data; PDGD steps
+with or without FedProx's proximal term and DP clipping. Otherwise it trains one query at a time
+(``train``, also the reference the batched path is tested against). Which path it took, and why
+when not batched, is counted per run (``learner_interactions``, ``PATHS``). Each learner draws from
+its own generator exactly as ``train`` does, so batching changes what its users see only up to
+float rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from foltr_async.contract import RunContext
+from foltr_async.contract import RunContext, worker_extras
 from foltr_async.ltr.clicks import CascadeModel
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
@@ -35,6 +37,30 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.protocols.users import K, Users
 from foltr_async.runtime.compute import BatchPool
+
+#: the paths ``learn`` trains by, one name each (``learner_interactions`` in a repeat's results:
+#: its interactions per path; ``learner.path`` in a variant's summary): the batched pass, or one
+#: query at a time and why
+BATCHED = "batched"
+ONE_QUERY = "one query at a time"
+WHY = {
+    "ranker": "a ranker other than linear or an MLP of one tanh hidden layer",
+    "clicks": "a click model other than cascade",
+    "replay": "replayed query order",
+    "shared": "shared data",
+    "pool": "no batched pool in this run",
+}
+PATHS = (BATCHED, *(f"{ONE_QUERY}: {why}" for why in WHY.values()))
+
+# workers count their own clients' interactions per path; the server adds them up
+worker_extras("learner_interactions", "counters")
+
+
+def learner_paths(ctx: RunContext) -> dict[str, int]:
+    """The run's interactions per learner path (``PATHS``), in its probe's extras: a protocol
+    run whose clients train with ``PDGDLearner`` makes it when built, so a multi-process run's
+    server holds the names its workers' counts are added to."""
+    return ctx.probe.extras.setdefault("learner_interactions", dict.fromkeys(PATHS, 0))
 
 
 class Served(NamedTuple):
@@ -99,6 +125,8 @@ class PDGDLearner:
         #: the run's pool batching ``show`` (made before the rounds start, like ``pool``)
         linear = isinstance(self.ranker, LinearRanker)
         self.show_pool = show_pool(ctx) if shows and linear and self._kernel_users else None
+        if lr is not None:
+            learner_paths(ctx)
 
     def serve(self, q: int, users: Users | None = None) -> Served:
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
@@ -123,7 +151,24 @@ class PDGDLearner:
     @property
     def batched(self) -> bool:
         """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
-        return self.pool is not None and self._kernel_users
+        return self.path == BATCHED
+
+    @property
+    def path(self) -> str:
+        """The path ``learn`` takes (one of ``PATHS``): ``BATCHED``, or one query at a time
+        and why."""
+        users = self.users
+        if self.pool is None:
+            why = "pool" if batch_kind(self.ranker) else "ranker"
+        elif self.shared_users is not None:
+            why = "shared"
+        elif not isinstance(users.click_model, CascadeModel):
+            why = "clicks"
+        elif users.arrivals is not None:
+            why = "replay"
+        else:
+            return BATCHED
+        return f"{ONE_QUERY}: {WHY[why]}"
 
     async def show(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` queries shown from the ranker's current weights, each as ``serve`` shows it:
@@ -145,8 +190,11 @@ class PDGDLearner:
         return queries, rankings, clicks
 
     async def learn(self, start: np.ndarray, n: int, duration: float = 0.0) -> np.ndarray:
-        """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later."""
-        if self.batched:
+        """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later
+        (counted in ``learner_interactions`` under the path taken)."""
+        path = self.path
+        learner_paths(self.ctx)[path] += n
+        if path == BATCHED:
             return await self.pool.submit((self, self.job(start, n)), duration)
         theta = self.train(start, n)
         if duration > 0.0:

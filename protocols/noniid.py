@@ -382,8 +382,8 @@ class RemedyClient(FPDGDClient):
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
         p = ctx.params
-        # FedProx's step and shared data are not plain PDGD: the learner trains those one
-        # query at a time
+        # FedProx's step is batched with the others; training on shared data goes one query at
+        # a time (the learner names its path in the results)
         super().__init__(agent_id, ctx, queries, rng, mu=p.fedprox_mu)
         self.fedper = p.fedper
         self.out = self.learner.ranker.layer_slices()["output"] if self.fedper else None

@@ -546,3 +546,57 @@ def test_logged_pdgd_rejects_logs_outside_their_queries():
         pdgd_batch.learn_logged_linear(train, w, queries, gap, clicks, 0.1)
     with pytest.raises(ValueError, match="queries must be in"):
         pdgd_batch.learn_logged_linear(train, w, queries + train.n_queries, rankings, clicks, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("params", "ranker", "no_pool", "path"),
+    [
+        ({}, None, False, "batched"),
+        ({"dp": True}, {"kind": "mlp", "hidden": [4]}, False, "batched"),
+        ({}, None, True, "one query at a time: no batched pool in this run"),
+        (
+            {},
+            {"kind": "mlp", "hidden": [4], "activation": "relu"},
+            False,
+            "one query at a time: a ranker other than linear or an MLP of one tanh hidden layer",
+        ),
+    ],
+)
+def test_the_learner_path_is_named_in_results_and_console(
+    mq2008_dir, monkeypatch, params, ranker, no_pool, path
+):
+    """Which path the PDGD learners trained by, and why when not batched: a repeat's
+    ``learner_interactions`` (interactions per path), the variant summary's ``learner.path``,
+    the repeat's console lines."""
+    import io
+
+    import structlog.testing
+
+    from foltr_async.observe.console import PlainReporter
+    from foltr_async.observe.progress import ProgressLines
+    from foltr_async.observe.results import learner_path, summarise_variant
+
+    result, _ = simulate(scenario(mq2008_dir, params, ranker), not no_pool, monkeypatch)
+    counts = result["learner_interactions"]
+    assert set(counts) == set(pdgd_learner.PATHS)
+    assert counts[path] == 6 * 6 * 3 and sum(counts.values()) == 6 * 6 * 3
+    assert learner_path(counts) == path
+    assert summarise_variant([result, result], "ndcg@10")["learner"] == {"path": path}
+    out = io.StringIO()
+    lines = ProgressLines(out)
+    lines.run_started({"variants": ["v"], "rounds": {"v": 6}, "metric": "ndcg@10"})
+    lines.repeat_done("v", 0, result)
+    assert f"learner {path};" in out.getvalue()
+    with structlog.testing.capture_logs() as logged:
+        PlainReporter().repeat_done("v", 0, result)
+    assert logged[0]["learner"] == path
+
+
+def test_mixed_learner_paths_are_each_named():
+    from foltr_async.observe.results import learner_path
+
+    assert learner_path({}) is None and learner_path({"batched": 0}) is None
+    mixed = learner_path({"batched": 90, "one query at a time: shared data": 10, "x": 0})
+    assert mixed == (
+        "mixed: batched (90 interactions); one query at a time: shared data (10 interactions)"
+    )

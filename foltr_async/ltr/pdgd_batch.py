@@ -3,9 +3,10 @@ FPDGD's local training, batched.
 
 A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
 each: its own weights, queries, click model and ``numpy.random.Generator``) run in compiled code
-(``foltr_async.ltr.pdgd_kernel``). Linear learners: one call, without the GIL, draws every
-job's random numbers and runs every job's interactions (score, rank, click, measure, update),
-jobs spread over ``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
+(``foltr_async.ltr.pdgd_kernel``), each with its DP clipping and FedProx proximal weight.
+Linear learners: one call, without the GIL, draws every job's random numbers and runs every
+job's interactions (score, rank, click, measure, update), jobs spread over
+``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
 then per step numpy scores each job and one call ranks, clicks, measures and updates every job
 (jobs in parallel). One query at a time (the reference, the protocols' ``PDGDLearner.train``)
 an interaction is ~20 small numpy calls; here it is a share of one or two compiled calls,
@@ -366,8 +367,7 @@ def compiled_pair_weights(
 ) -> np.ndarray:
     """``pdgd.pair_weights`` from the kernel (equal up to float rounding, 20-40x cheaper), for
     ``pdgd.pdgd_gradient(..., weights=compiled_pair_weights)``: the one-query-at-a-time path of
-    what the batched path does not cover (MLP rankers, non-cascade click models, FedProx and
-    sharing)."""
+    what the batched path does not cover (deeper MLPs, non-cascade click models, sharing)."""
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     return pdgd_kernel.pair_weights(
