@@ -600,3 +600,119 @@ def test_mixed_learner_paths_are_each_named():
     assert mixed == (
         "mixed: batched (90 interactions); one query at a time: shared data (10 interactions)"
     )
+
+
+def user_models(n_grades: int) -> list:
+    """Every kind of users the batched path draws for: cascades (the poison model too),
+    position-based users of several examination exponents, and mixtures of both."""
+    from foltr_async.ltr.clicks import MixtureClickModel, click_model
+
+    cascades = [cascade(m, n_grades) for m in ("perfect", "navigational", "poison")]
+    pbms = [click_model("pbm", n_grades, gamma_user=g) for g in (0.5, 1.0, 2.0)]
+    pbms.append(click_model("pbm", n_grades, relevant=[0, 1], noise=0.3))
+    return [
+        *cascades,
+        *pbms,
+        MixtureClickModel((cascades[1], pbms[0])),
+        MixtureClickModel(tuple(cascades)),
+        MixtureClickModel((pbms[2],)),  # a mixture of one: integers(1) draws nothing
+    ]
+
+
+def assert_same_as_train(seq, bat, weights, expected):
+    """Learners ``bat``, batched, ended at ``weights`` where ``train`` took ``seq``: the same
+    draws, queries, shown nDCG, replay positions and weights up to float rounding."""
+    for j, (s, b) in enumerate(zip(seq, bat, strict=True)):
+        assert s.rng.bit_generator.state == b.rng.bit_generator.state, j
+        np.testing.assert_allclose(weights[j], expected[j], rtol=1e-9, atol=1e-12)
+        assert b.users.issued == s.users.issued, j
+        assert b.users.probe.values == pytest.approx(s.users.probe.values, rel=1e-12, abs=1e-15)
+        assert b.users.played == s.users.played, j
+
+
+def run_pool_batch(bat, starts, steps):
+    """The pool's batch function on these learners' jobs (recording as a run would)."""
+    jobs = [(b, b.job(w, n)) for b, w, n in zip(bat, starts, steps, strict=True)]
+    return pdgd_learner._train_jobs(jobs)
+
+
+@pytest.mark.parametrize("hidden", [0, 3])
+@pytest.mark.parametrize("n_grades", [3, 5])
+def test_every_click_model_batched_equals_the_sequential_learner(n_grades, hidden):
+    """Position-based users, the poison model and mixtures (a model drawn per interaction, the
+    chosen one's uniforms after it) on the batched path: what ``train`` shows, sees and learns,
+    draw for draw, with DP clipping and FedProx mixed in."""
+    train = make_queryset(n_grades, seed=8)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, n_grades, ranker, dp=True, lr=0.5, sensitivity=6.0)
+    models = user_models(n_grades)
+    cases = random_cases(train, n_grades, 90, seed=n_grades + hidden)
+    init = np.random.default_rng(3)
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
+    steps = [n + 2 for _, n, _, _ in cases]
+
+    def make(j, q):
+        return learner(ctx, q, 300 + j, models[j % len(models)], mu=[0.0, 0.5][j % 2])
+
+    seq = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    bat = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    expected = [s.train(w, n) for s, w, n in zip(seq, starts, steps, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = run_pool_batch(bat, starts, steps)
+    assert_same_as_train(seq, bat, res, expected)
+    clicked = sum(1 for b, w in zip(bat, starts, strict=True) if not np.array_equal(
+        b.ranker.get_params(), w))  # fmt: skip
+    assert clicked > len(cases) // 2
+
+
+@pytest.mark.parametrize("hidden", [0, 4])
+def test_replayed_logs_and_shared_data_batched_equal_the_sequential_learner(hidden):
+    """A replayed log (its queries in order from where it stands, nothing drawn for them) and
+    shared data (each step ``integers(own + shared) >= own`` picks the shared users, with
+    their queries and click model; their rankings are not the client's users') on the
+    batched path: what ``train`` does, draw for draw."""
+    from foltr_async.protocols.users import Users
+
+    train = make_queryset(5, seed=9)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, 5, ranker, lr=0.3)
+    models = user_models(5)
+    cases = random_cases(train, 5, 60, seed=21 + hidden)
+    init = np.random.default_rng(4)
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) for _ in cases]
+    steps = [n + 1 for _, n, _, _ in cases]
+
+    def make(j, q):
+        lrn = learner(ctx, q, 700 + j, models[j % len(models)], mu=[0.0, 0.2, 0.0][j % 3])
+        users = lrn.users
+        if j % 2:  # a replayed log with room for every step, some of it already played
+            users.queries = np.resize(q, 3 * len(q) + 12)
+            users.arrivals = np.arange(len(users.queries), dtype=np.float64)
+            users.played = j % 4
+        if j % 3:
+            seen = Shown()
+            lrn.shared_users = Users(train, np.array(q[: j % 5 + 1]), models[(j + 1) % 9],
+                                     lrn.rng, seen, "shared")  # fmt: skip
+            lrn.shared_users.issued = []
+        return lrn
+
+    seq = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    bat = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    expected = [s.train(w, n) for s, w, n in zip(seq, starts, steps, strict=True)]
+    res = run_pool_batch(bat, starts, steps)
+    assert_same_as_train(seq, bat, res, expected)
+    shared_steps = 0
+    for s, b in zip(seq, bat, strict=True):
+        if s.shared_users is not None:
+            assert b.shared_users.issued == s.shared_users.issued
+            assert b.shared_users.probe.values == pytest.approx(s.shared_users.probe.values)
+            shared_steps += len(s.shared_users.issued)
+    assert shared_steps > 10
+    other = make(1, cases[1][0])
+    other.shared_users.train = make_queryset(5, seed=10)  # shared data in another set
+    assert not other.batched and other.path.endswith("shared data in another training set")
