@@ -50,6 +50,7 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
+from foltr_async.protocols.learner import learner_paths
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
@@ -314,6 +315,7 @@ class FPDGD(ProtocolRun):
             )
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
+        learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0

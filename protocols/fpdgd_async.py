@@ -37,6 +37,7 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
+from foltr_async.protocols.learner import learner_paths
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
@@ -161,7 +162,7 @@ class AsyncFPDGDStrategy(AsyncStrategy):
 
 class AsyncFPDGDClient(FPDGDClient):
     """An FPDGD client that trains on every model it is handed (no unlearning store); with
-    FedAsync's ``rho`` > 0 its local steps are proximal (one query at a time)."""
+    FedAsync's ``rho`` > 0 its local steps are proximal (FedProx's step, batched too)."""
 
     unlearns = False  # its protocol has no unlearn action (nor FPDGD's unlearning parameters)
 
@@ -226,6 +227,7 @@ class AsyncFPDGD(ProtocolRun):
             )
         self.ctx = ctx
         self.strategy = AsyncFPDGDStrategy(ctx)
+        learner_paths(ctx)  # the names workers' counts are added to
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return AsyncFPDGDClient(agent_id, self.ctx, queries, rng)

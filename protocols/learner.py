@@ -6,10 +6,13 @@ while its server learns from their logs through ``learn_logged``, so the interac
 Plackett-Luce ranking, show it, step on the clicks) is written once. ``learn`` hands the training to
 the run's compute pool (``BatchPool``), which trains every pending learner in one batched pass
 (``foltr_async.ltr.pdgd_batch``), whenever the batched path computes the same thing: a linear ranker
-or a one-hidden-layer tanh MLP, cascade users drawing queries at random, plain PDGD steps (no
-proximal term, no shared data). Otherwise it trains one query at a time (``train``, also the
-reference the batched path is tested against). Each learner draws from its own generator exactly as
-``train`` does, so batching changes what its users see only up to float rounding.
+or a one-hidden-layer tanh MLP; cascade, position-based or mixed users, drawing queries at random or
+replaying a log; shared data in the same training set; PDGD steps with or without FedProx's
+proximal term and DP clipping. Otherwise it trains one query at a time
+(``train``, also the reference the batched path is tested against). Which path it took, and why
+when not batched, is counted per run (``learner_interactions``, ``PATHS``). Each learner draws from
+its own generator exactly as ``train`` does, so batching changes what its users see only up to
+float rounding.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from foltr_async.contract import RunContext
-from foltr_async.ltr.clicks import CascadeModel
+from foltr_async.contract import RunContext, worker_extras
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
     PDGDJob,
+    batchable_clicks,
     compiled_pair_weights,
     learn_logged_linear,
     prepare,
@@ -35,6 +38,29 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.protocols.users import K, Users
 from foltr_async.runtime.compute import BatchPool
+
+#: the paths ``learn`` trains by, one name each (``learner_interactions`` in a repeat's results:
+#: its interactions per path; ``learner.path`` in a variant's summary): the batched pass, or one
+#: query at a time and why
+BATCHED = "batched"
+ONE_QUERY = "one query at a time"
+WHY = {
+    "ranker": "a ranker other than linear or an MLP of one tanh hidden layer",
+    "clicks": "a click model other than cascade, position-based or a mixture of them",
+    "shared": "shared data in another training set",
+    "pool": "no batched pool in this run",
+}
+PATHS = (BATCHED, *(f"{ONE_QUERY}: {why}" for why in WHY.values()))
+
+# workers count their own clients' interactions per path; the server adds them up
+worker_extras("learner_interactions", "counters")
+
+
+def learner_paths(ctx: RunContext) -> dict[str, int]:
+    """The run's interactions per learner path (``PATHS``), in its probe's extras: a protocol
+    run whose clients train with ``PDGDLearner`` makes it when built, so a multi-process run's
+    server holds the names its workers' counts are added to."""
+    return ctx.probe.extras.setdefault("learner_interactions", dict.fromkeys(PATHS, 0))
 
 
 class Served(NamedTuple):
@@ -98,7 +124,10 @@ class PDGDLearner:
         self.pool = train_pool(ctx) if lr is not None and batch_kind(self.ranker) else None
         #: the run's pool batching ``show`` (made before the rounds start, like ``pool``)
         linear = isinstance(self.ranker, LinearRanker)
-        self.show_pool = show_pool(ctx) if shows and linear and self._kernel_users else None
+        batchable = batchable_clicks(self.users.click_model) and self.users.arrivals is None
+        self.show_pool = show_pool(ctx) if shows and linear and batchable else None
+        if lr is not None:
+            learner_paths(ctx)
 
     def serve(self, q: int, users: Users | None = None) -> Served:
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
@@ -110,20 +139,26 @@ class PDGDLearner:
         return Served(features, scores, ranking, users.show(q, ranking))
 
     @property
-    def _kernel_users(self) -> bool:
-        """Whether the compiled kernel draws what these users would: cascade users drawing
-        queries at random, no shared data (for ``learn`` and ``show`` alike)."""
-        users = self.users
-        return (
-            self.shared_users is None
-            and isinstance(users.click_model, CascadeModel)
-            and users.arrivals is None
-        )
-
-    @property
     def batched(self) -> bool:
         """Whether ``learn`` goes to the batched pass (which computes what ``train`` would)."""
-        return self.pool is not None and self.mu == 0.0 and self._kernel_users
+        return self.path == BATCHED
+
+    @property
+    def path(self) -> str:
+        """The path ``learn`` takes (one of ``PATHS``): ``BATCHED``, or one query at a time
+        and why."""
+        shared = self.shared_users
+        if self.pool is None:
+            why = "pool" if batch_kind(self.ranker) else "ranker"
+        elif not batchable_clicks(self.users.click_model) or (
+            shared is not None and not batchable_clicks(shared.click_model)
+        ):
+            why = "clicks"
+        elif shared is not None and shared.train is not self.users.train:
+            why = "shared"
+        else:
+            return BATCHED
+        return f"{ONE_QUERY}: {WHY[why]}"
 
     async def show(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` queries shown from the ranker's current weights, each as ``serve`` shows it:
@@ -145,8 +180,11 @@ class PDGDLearner:
         return queries, rankings, clicks
 
     async def learn(self, start: np.ndarray, n: int, duration: float = 0.0) -> np.ndarray:
-        """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later."""
-        if self.batched:
+        """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later
+        (counted in ``learner_interactions`` under the path taken)."""
+        path = self.path
+        learner_paths(self.ctx)[path] += n
+        if path == BATCHED:
             return await self.pool.submit((self, self.job(start, n)), duration)
         theta = self.train(start, n)
         if duration > 0.0:
@@ -223,10 +261,24 @@ class PDGDLearner:
         return ranker.get_params()
 
     def job(self, start: np.ndarray, n: int) -> PDGDJob:
-        """``train(start, n)`` as a job for the batched path."""
-        users = self.users
+        """``train(start, n)`` as a job for the batched path (a replayed log from its next
+        query, shared data's queries and users beside the client's own)."""
+        users, shared = self.users, self.shared_users
         bound, order = self.clip if self.clip else (None, 2)
-        return PDGDJob(start, users.queries, n, self.rng, users.click_model, self.lr, bound, order)
+        return PDGDJob(
+            start,
+            users.queries,
+            n,
+            self.rng,
+            users.click_model,
+            self.lr,
+            bound,
+            order,
+            self.mu,
+            replay_from=-1 if users.arrivals is None else users.played,
+            shared_queries=None if shared is None else shared.queries,
+            shared_model=None if shared is None else shared.click_model,
+        )
 
 
 def batch_kind(ranker) -> tuple | None:
@@ -247,14 +299,26 @@ def _groups(jobs: list[tuple[PDGDLearner, PDGDJob]], kind) -> dict[tuple, list[i
     return groups
 
 
-def _record(users: Users, queries: list[int], shown: list[float]) -> None:
+def _record(
+    users: Users,
+    queries: list[int],
+    shown: list[float],
+    from_shared: list[bool] | None = None,
+    shared: Users | None = None,
+) -> None:
     """What ``serve`` does through ``Users`` for a batch's interactions: each shown ranking's
-    nDCG to the probe, the issued queries to ``users.issued`` when it is logging."""
-    for q, v in zip(queries, shown, strict=True):
-        if q >= 0:  # -1: this learner ran fewer steps than the longest job
-            users.record(v)
-            if users.issued is not None:
-                users.issued.append(q)
+    nDCG to the probe, the issued queries to ``users.issued`` when it is logging, a replayed
+    log moved on past its played queries; ``from_shared[s]``: step ``s`` showed the ``shared``
+    users a shared query (their records instead)."""
+    for s, (q, v) in enumerate(zip(queries, shown, strict=True)):
+        if q < 0:  # -1: this learner ran fewer steps than the longest job
+            continue
+        who = shared if from_shared is not None and from_shared[s] else users
+        who.record(v)
+        if who.issued is not None:
+            who.issued.append(q)
+        if who.arrivals is not None:
+            who.played += 1
 
 
 def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
@@ -268,10 +332,12 @@ def _train_jobs(jobs: list[tuple[PDGDLearner, PDGDJob]]) -> list[np.ndarray]:
             res = train_linear_batch(train, batch)
         else:
             res = train_mlp_batch(train, batch, kind[1])
-        for i, learner, w, queries, shown in zip(
-            idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), strict=True
-        ):
-            _record(learner.users, queries, shown)
+        shared = res.shared.tolist() if res.shared is not None else [None] * len(idx)
+        for i, learner, w, queries, shown, other in zip(
+            idx, learners, res.weights, res.queries.tolist(), res.ndcg.tolist(), shared,
+            strict=True,
+        ):  # fmt: skip
+            _record(learner.users, queries, shown, other, learner.shared_users)
             learner.ranker.set_params(w)
             out[i] = w  # a row of a fresh array: nothing else holds it
     return out

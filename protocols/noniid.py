@@ -57,15 +57,15 @@ Remedies (protocol ``fpdgd_remedies``: FPDGD with these parameters; all off, it 
   draws uniformly from its own queries and its share. Interactions on shared data are training
   only, not shown to the client's users, so they do not enter the online metric.
 
-FedProx and data sharing change the local step, so those clients train one query at a time
-(``PDGDLearner.train``'s path, the same draws as the batched path); FedPer needs an MLP, which
-always does.
+FedProx's step, data sharing (its queries in the clients' training set) and per-client or mixed
+click models train on the batched path like plain FPDGD (``PDGDLearner``: the same draws as one
+query at a time, equal up to float rounding); FedPer needs an MLP, which batches when it has one
+tanh hidden layer. A run's results name the path its learners took.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -79,7 +79,7 @@ from foltr_async.contract import (
     model_message_bytes,
 )
 from foltr_async.errors import ScenarioError
-from foltr_async.ltr.clicks import MODEL_NAMES, cascade
+from foltr_async.ltr.clicks import MODEL_NAMES, MixtureClickModel, cascade
 from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.pdgd import pdgd_interaction
 from foltr_async.ltr.queryset import QuerySet
@@ -129,17 +129,6 @@ PARTITION_FIELDS = {
 
 
 # ------------------------------------------------------------------------------ partitioner
-
-
-@dataclass(frozen=True, eq=False)
-class MixtureClickModel:
-    """Users from a population: each interaction's click model is drawn uniformly (IID type 3)."""
-
-    models: tuple
-    name: str = "mixture"
-
-    def simulate(self, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return self.models[int(rng.integers(len(self.models)))].simulate(labels, rng)
 
 
 def _slots(n_clients: int, n_values: int, how: str, rng: np.random.Generator) -> np.ndarray:
@@ -382,8 +371,8 @@ class RemedyClient(FPDGDClient):
         self, agent_id: str, ctx: RunContext, queries: np.ndarray, rng: np.random.Generator
     ) -> None:
         p = ctx.params
-        # FedProx's step and shared data are not plain PDGD: the learner trains those one
-        # query at a time
+        # FedProx's step is batched with the others; training on shared data goes one query at
+        # a time (the learner names its path in the results)
         super().__init__(agent_id, ctx, queries, rng, mu=p.fedprox_mu)
         self.fedper = p.fedper
         self.out = self.learner.ranker.layer_slices()["output"] if self.fedper else None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext
-from foltr_async.protocols.learner import PDGDLearner, Served
+from foltr_async.protocols.learner import PDGDLearner, Served, learner_paths
 from foltr_async.protocols.users import Users
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.engine import Strategy
@@ -126,6 +126,8 @@ class OnlineRun(ProtocolRun):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.strategy = self.strategy_class(ctx)
+        if getattr(self.client_class, "trains", False):
+            learner_paths(ctx)  # the names workers' counts are added to
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return self.client_class(agent_id, self.ctx, queries, rng)

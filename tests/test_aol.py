@@ -273,7 +273,7 @@ def test_fedbuff_clients_hold_the_model_until_their_user_searches(tmp_path, rele
     assert res["replay"]["played"] == int((arrivals <= 100.0).sum())
 
 
-def test_the_generated_sample_runs_the_shipped_scenario(tmp_path):
+def test_the_generated_sample_runs_the_shipped_scenario(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location(
         "make_aol_sample", ROOT / "tools/make_aol_sample.py"
     )
@@ -287,10 +287,20 @@ def test_the_generated_sample_runs_the_shipped_scenario(tmp_path):
         ROOT / "scenarios/aol_replay.toml",
         [f'dataset.path="{folder}"', "federation.clients=6", "federation.rounds=20"],
     )
+    import foltr_async.protocols.learner as pdgd_learner
+
     for name in ("sync", "fedbuff"):
         res = run(Simulation(sc.variants[name], 1, Observer()).run())
         assert res["replay"]["played"] > 0 and res["partition"]["train_queries"] > 0
         assert res["offline"]["ndcg@10"][-1] > 0
+        # the replayed logs train on the batched path: the run one query at a time is this one
+        paths = res["learner_interactions"]
+        assert paths["batched"] == res["replay"]["played"] == sum(paths.values())
+        with monkeypatch.context() as m:
+            m.setattr(pdgd_learner, "train_pool", lambda ctx: None)
+            one = run(Simulation(sc.variants[name], 1, Observer()).run())
+        assert one["replay"] == res["replay"] and one["online"] == pytest.approx(res["online"])
+        np.testing.assert_allclose(one["offline"]["ndcg@10"], res["offline"]["ndcg@10"], rtol=1e-9)
 
 
 BAD = {

@@ -50,14 +50,14 @@ def plugins():
     load_plugins()  # the shipped protocols first: they are what is restored afterwards
     saved = dict(REGISTRY.protocols), dict(REGISTRY.behaviours), dict(secure._SUMMABLE)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip")
+        mp.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip, examples.fedprox")
         yield load_plugins()
     for table, before in zip(
         (REGISTRY.protocols, REGISTRY.behaviours, secure._SUMMABLE), saved, strict=True
     ):
         table.clear()
         table.update(before)
-    for name in ("examples.signflip", "examples.fedavgm"):
+    for name in ("examples.signflip", "examples.fedavgm", "examples.fedprox"):
         sys.modules.pop(name, None)
 
 
@@ -127,6 +127,30 @@ def test_the_example_trains_through_fpdgds_batched_learner(plugins, tmp_path):
     assert pool.jobs == 6 * 30 and pool.batches == 30
 
 
+def test_the_fedprox_plugin_changes_the_local_step_and_stays_batched(plugins, monkeypatch):
+    """The guide's FedProx plugin: its proximal step is the batched kernel's (every
+    interaction on the batched path, one call per round), it changes what is learned, and the
+    run is the run one query at a time up to float rounding."""
+    import numpy as np
+
+    import foltr_async.protocols.learner as pdgd_learner
+
+    root = Path(__file__).resolve().parents[1]
+    sets = ["federation.rounds=12", "scenario.repeats=1"]
+    variants = load_scenario(root / "examples/fedprox.toml", sets).variants
+    prox, sim = simulate(variants["fedprox-1"])
+    pool = sim.ctx.shared("fpdgd.train_pool", lambda: None)
+    assert pool.batches == 12 and pool.jobs == 10 * 12
+    assert prox["learner_interactions"]["batched"] == 10 * 4 * 12
+    plain, _ = simulate(variants["fedavg"])
+    assert prox["offline"]["ndcg@10"] != plain["offline"]["ndcg@10"]
+    monkeypatch.setattr(pdgd_learner, "train_pool", lambda ctx: None)
+    one, _ = simulate(variants["fedprox-1"])
+    assert one["learner_interactions"]["one query at a time: no batched pool in this run"] == 480
+    np.testing.assert_allclose(one["offline"]["ndcg@10"], prox["offline"]["ndcg@10"], rtol=1e-9)
+    assert one["online"] == pytest.approx(prox["online"], rel=1e-12)
+
+
 def _imports(tree: ast.Module) -> set[tuple[str, str]]:
     """(module, name) of every import statement at the top of a module."""
     out = set()
@@ -142,11 +166,12 @@ def test_the_tutorial_shows_the_examples_code_with_its_imports():
     """Every block of the guide is the examples' code: its imports (each block starts with
     them) are the files' own, and the rest is copied verbatim."""
     root = Path(__file__).resolve().parents[1]
-    files = [(root / "examples" / f).read_text() for f in ("fedavgm.py", "signflip.py")]
+    names = ("fedavgm.py", "signflip.py", "fedprox.py")
+    files = [(root / "examples" / f).read_text() for f in names]
     code = "".join(files)
     imported = set().union(*(_imports(ast.parse(f)) for f in files))
     blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "EXTENDING.md").read_text(), re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for block in blocks:
         tree = ast.parse(block)
         first = next(n for n in tree.body if not isinstance(n, ast.Import | ast.ImportFrom))

@@ -400,3 +400,51 @@ def test_fedper_study_mode_sends_the_head_and_scores_the_global_model():
     assert off["personal_models"] == [8, 8]
     assert "ndcg@10_personal" in off and "ndcg@10/intent0" in off
     assert off["ndcg@10"] != off["ndcg@10_personal"]
+
+
+def sharing_with_fedprox():
+    """Type 2 (one grade per client) on shared documents, data sharing and FedProx: the
+    clients' and the shared data's queries index one training set."""
+    cfg = remedy({"grades": 1}, dataset=GRADED, share_alpha=0.5, warmup=50, fedprox_mu=0.3)
+    cfg["federation"]["data"] = "shared"
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (
+            lambda: config(
+                {"click_models": ["navigational", "poison"], "pbm_eta": [0.5, 1.5]}, dataset=GRADED
+            ),
+            "batched",
+        ),  # fmt: skip
+        (
+            lambda: config(
+                {"click_models": ["perfect", "informational"], "pbm_eta": [1.0], "iid": True},
+                dataset=GRADED,
+            ),
+            "batched",
+        ),  # fmt: skip
+        (sharing_with_fedprox, "batched"),  # fmt: skip
+        (lambda: remedy({"intents": [0, 1, 2, 3]}, share_alpha=0.5, warmup=50), None),
+    ],
+)
+def test_remedy_runs_are_the_same_batched_or_one_query_at_a_time(monkeypatch, make, path):
+    """Position-based and cascade users per client, their IID mixture, data sharing with
+    FedProx: the run on the batched path is the run one query at a time (float rounding),
+    and its results name the path."""
+    import foltr_async.protocols.learner as pdgd_learner
+
+    batched = run(Simulation(make(), 3, Observer()).run())
+    monkeypatch.setattr(pdgd_learner, "train_pool", lambda ctx: None)
+    one = run(Simulation(make(), 3, Observer()).run())
+    paths = {p: n for p, n in batched["learner_interactions"].items() if n}
+    if path is not None:
+        assert list(paths) == [path]
+    np.testing.assert_allclose(batched["offline"]["ndcg@10"], one["offline"]["ndcg@10"], rtol=1e-9)
+    assert batched["online"]["interactions"] == one["online"]["interactions"]
+    assert batched["online"]["ndcg@10_discounted"] == pytest.approx(
+        one["online"]["ndcg@10_discounted"], rel=1e-12
+    )
+    assert set(one["learner_interactions"].values()) == {0, sum(paths.values())}

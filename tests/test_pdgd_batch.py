@@ -56,13 +56,13 @@ class Shown:
         self.values.append(ndcg_value)
 
 
-def learner(ctx, queries, seed, model):
+def learner(ctx, queries, seed, model, mu=0.0):
     """An FPDGD client's PDGD learner with its own probe (to compare what its users were
-    shown)."""
+    shown); ``mu``: FedProx's proximal weight."""
     p = ctx.params
     clip = (p.clip_bound, p.clip_order) if p.dp else None
     rng = np.random.default_rng(seed)
-    lrn = pdgd_learner.PDGDLearner(ctx, queries, rng, click_model=model, lr=p.lr, clip=clip)
+    lrn = pdgd_learner.PDGDLearner(ctx, queries, rng, click_model=model, lr=p.lr, clip=clip, mu=mu)
     lrn.users.probe = Shown()
     lrn.users.issued = []
     return lrn
@@ -218,6 +218,70 @@ def test_mlp_batch_equals_the_sequential_mlp_learner(n_grades, dp, lr, hidden):
     assert deeper is None  # two hidden layers: one query at a time
     with pytest.raises(ValueError, match="MLP with 16 hidden"):
         train_mlp_batch(train, [bat[0].job(np.zeros(5), 1)], 16)
+
+
+@pytest.mark.parametrize("hidden", [0, 5])  # 0: linear rankers
+@pytest.mark.parametrize(
+    ("mu", "dp", "norm", "lr"),
+    [
+        (0.1, False, "l2", 0.1),
+        (1.0, True, "l2", 0.5),
+        (5.0, True, "l1", 0.1),
+        (0.7, True, "l2", 1.0),
+        (2.0, False, "l2", 0.05),
+    ],
+)
+def test_fedprox_batch_equals_the_sequential_learner(mu, dp, norm, lr, hidden):
+    """FedProx (mu > 0) on the batched path: every step also pulls back to the start weights,
+    a query without a click still takes that step and the DP clipping (either norm), as
+    ``PDGDLearner.train`` does: the same draws, nDCG and weights up to float rounding."""
+    n_grades = 5 if hidden else 3
+    train = make_queryset(n_grades, seed=6)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, n_grades, ranker, dp=dp, lr=lr, sensitivity=3.0, clip_norm=norm)
+    cases = random_cases(train, n_grades, 70, seed=int(10 * mu) + hidden)
+    init = np.random.default_rng(int(mu * 10))
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
+    seq = [learner(ctx, q, 900 + j, m, mu) for j, (q, _, _, m) in enumerate(cases)]
+    bat = [learner(ctx, q, 900 + j, m, mu) for j, (q, _, _, m) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    steps = [n + 3 for _, n, _, _ in cases]  # 3 to 8 steps: the proximal pull accumulates
+    expected = [lrn.train(w, n) for lrn, w, n in zip(seq, starts, steps, strict=True)]
+    jobs = [lrn.job(w, n) for lrn, w, n in zip(bat, starts, steps, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = train_mlp_batch(train, jobs, hidden) if hidden else train_linear_batch(train, jobs)
+    plain = [lrn.job(w, n) for lrn, w, n in zip(
+        [learner(ctx, q, 900 + j, m) for j, (q, _, _, m) in enumerate(cases)], starts, steps,
+        strict=True,
+    )]  # fmt: skip
+    without = train_mlp_batch(train, plain, hidden) if hidden else train_linear_batch(train, plain)
+    differs = 0
+    for j, (s, b, n) in enumerate(zip(seq, bat, steps, strict=True)):
+        assert s.rng.bit_generator.state == b.rng.bit_generator.state, j
+        np.testing.assert_allclose(res.weights[j], expected[j], rtol=1e-9, atol=1e-12)
+        assert res.queries[j, :n].tolist() == s.users.issued
+        np.testing.assert_allclose(res.ndcg[j, :n], s.users.probe.values, rtol=1e-12, atol=1e-15)
+        differs += not np.allclose(res.weights[j], without.weights[j], rtol=1e-6, atol=1e-9)
+    assert differs > len(cases) // 3  # the proximal term changed what was learned
+
+
+def test_fedprox_steps_on_queries_without_clicks():
+    """A query nobody clicks: plain PDGD takes no step (the weights stay, unclipped), FedProx
+    still takes its proximal step and the DP clipping after it."""
+    train = make_queryset(3)
+    ctx = make_ctx(train, 3, lr=0.5, dp=True, sensitivity=2.0)
+    start = np.full(N_FEATURES, 3.0)  # outside the clip ball of radius 1
+    nobody = cascade("perfect", 3)  # query 9 is all grade 0: no clicks
+    plain = learner(ctx, np.array([9]), 1, nobody)
+    res = train_linear_batch(train, [plain.job(start, 3)])
+    assert np.array_equal(res.weights[0], start)  # no click, no step, no clipping
+    prox = learner(ctx, np.array([9]), 1, nobody, mu=0.5)
+    res = train_linear_batch(train, [prox.job(start, 3)])
+    ref = learner(ctx, np.array([9]), 1, nobody, mu=0.5).train(start, 3)
+    np.testing.assert_allclose(res.weights[0], ref, rtol=1e-12)
+    assert np.linalg.norm(res.weights[0]) <= 1.0 + 1e-12  # a step was taken: it was clipped
 
 
 def test_clicks_regimes_no_click_all_click_and_short_lists():
@@ -482,3 +546,173 @@ def test_logged_pdgd_rejects_logs_outside_their_queries():
         pdgd_batch.learn_logged_linear(train, w, queries, gap, clicks, 0.1)
     with pytest.raises(ValueError, match="queries must be in"):
         pdgd_batch.learn_logged_linear(train, w, queries + train.n_queries, rankings, clicks, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("params", "ranker", "no_pool", "path"),
+    [
+        ({}, None, False, "batched"),
+        ({"dp": True}, {"kind": "mlp", "hidden": [4]}, False, "batched"),
+        ({}, None, True, "one query at a time: no batched pool in this run"),
+        (
+            {},
+            {"kind": "mlp", "hidden": [4], "activation": "relu"},
+            False,
+            "one query at a time: a ranker other than linear or an MLP of one tanh hidden layer",
+        ),
+    ],
+)
+def test_the_learner_path_is_named_in_results_and_console(
+    mq2008_dir, monkeypatch, params, ranker, no_pool, path
+):
+    """Which path the PDGD learners trained by, and why when not batched: a repeat's
+    ``learner_interactions`` (interactions per path), the variant summary's ``learner.path``,
+    the repeat's console lines."""
+    import io
+
+    import structlog.testing
+
+    from foltr_async.observe.console import PlainReporter
+    from foltr_async.observe.progress import ProgressLines
+    from foltr_async.observe.results import learner_path, summarise_variant
+
+    result, _ = simulate(scenario(mq2008_dir, params, ranker), not no_pool, monkeypatch)
+    counts = result["learner_interactions"]
+    assert set(counts) == set(pdgd_learner.PATHS)
+    assert counts[path] == 6 * 6 * 3 and sum(counts.values()) == 6 * 6 * 3
+    assert learner_path(counts) == path
+    assert summarise_variant([result, result], "ndcg@10")["learner"] == {"path": path}
+    out = io.StringIO()
+    lines = ProgressLines(out)
+    lines.run_started({"variants": ["v"], "rounds": {"v": 6}, "metric": "ndcg@10"})
+    lines.repeat_done("v", 0, result)
+    assert f"learner {path};" in out.getvalue()
+    with structlog.testing.capture_logs() as logged:
+        PlainReporter().repeat_done("v", 0, result)
+    assert logged[0]["learner"] == path
+
+
+def test_mixed_learner_paths_are_each_named():
+    from foltr_async.observe.results import learner_path
+
+    assert learner_path({}) is None and learner_path({"batched": 0}) is None
+    mixed = learner_path({"batched": 90, "one query at a time: shared data": 10, "x": 0})
+    assert mixed == (
+        "mixed: batched (90 interactions); one query at a time: shared data (10 interactions)"
+    )
+
+
+def user_models(n_grades: int) -> list:
+    """Every kind of users the batched path draws for: cascades (the poison model too),
+    position-based users of several examination exponents, and mixtures of both."""
+    from foltr_async.ltr.clicks import MixtureClickModel, click_model
+
+    cascades = [cascade(m, n_grades) for m in ("perfect", "navigational", "poison")]
+    pbms = [click_model("pbm", n_grades, gamma_user=g) for g in (0.5, 1.0, 2.0)]
+    pbms.append(click_model("pbm", n_grades, relevant=[0, 1], noise=0.3))
+    return [
+        *cascades,
+        *pbms,
+        MixtureClickModel((cascades[1], pbms[0])),
+        MixtureClickModel(tuple(cascades)),
+        MixtureClickModel((pbms[2],)),  # a mixture of one: integers(1) draws nothing
+    ]
+
+
+def assert_same_as_train(seq, bat, weights, expected):
+    """Learners ``bat``, batched, ended at ``weights`` where ``train`` took ``seq``: the same
+    draws, queries, shown nDCG, replay positions and weights up to float rounding."""
+    for j, (s, b) in enumerate(zip(seq, bat, strict=True)):
+        assert s.rng.bit_generator.state == b.rng.bit_generator.state, j
+        np.testing.assert_allclose(weights[j], expected[j], rtol=1e-9, atol=1e-12)
+        assert b.users.issued == s.users.issued, j
+        assert b.users.probe.values == pytest.approx(s.users.probe.values, rel=1e-12, abs=1e-15)
+        assert b.users.played == s.users.played, j
+
+
+def run_pool_batch(bat, starts, steps):
+    """The pool's batch function on these learners' jobs (recording as a run would)."""
+    jobs = [(b, b.job(w, n)) for b, w, n in zip(bat, starts, steps, strict=True)]
+    return pdgd_learner._train_jobs(jobs)
+
+
+@pytest.mark.parametrize("hidden", [0, 3])
+@pytest.mark.parametrize("n_grades", [3, 5])
+def test_every_click_model_batched_equals_the_sequential_learner(n_grades, hidden):
+    """Position-based users, the poison model and mixtures (a model drawn per interaction, the
+    chosen one's uniforms after it) on the batched path: what ``train`` shows, sees and learns,
+    draw for draw, with DP clipping and FedProx mixed in."""
+    train = make_queryset(n_grades, seed=8)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, n_grades, ranker, dp=True, lr=0.5, sensitivity=6.0)
+    models = user_models(n_grades)
+    cases = random_cases(train, n_grades, 90, seed=n_grades + hidden)
+    init = np.random.default_rng(3)
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) * init.choice([0.01, 0.3, 1.0, 5.0]) for _ in cases]
+    steps = [n + 2 for _, n, _, _ in cases]
+
+    def make(j, q):
+        return learner(ctx, q, 300 + j, models[j % len(models)], mu=[0.0, 0.5][j % 2])
+
+    seq = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    bat = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    expected = [s.train(w, n) for s, w, n in zip(seq, starts, steps, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = run_pool_batch(bat, starts, steps)
+    assert_same_as_train(seq, bat, res, expected)
+    clicked = sum(1 for b, w in zip(bat, starts, strict=True) if not np.array_equal(
+        b.ranker.get_params(), w))  # fmt: skip
+    assert clicked > len(cases) // 2
+
+
+@pytest.mark.parametrize("hidden", [0, 4])
+def test_replayed_logs_and_shared_data_batched_equal_the_sequential_learner(hidden):
+    """A replayed log (its queries in order from where it stands, nothing drawn for them) and
+    shared data (each step ``integers(own + shared) >= own`` picks the shared users, with
+    their queries and click model; their rankings are not the client's users') on the
+    batched path: what ``train`` does, draw for draw."""
+    from foltr_async.protocols.users import Users
+
+    train = make_queryset(5, seed=9)
+    ranker = {"kind": "mlp", "hidden": [hidden]} if hidden else None
+    ctx = make_ctx(train, 5, ranker, lr=0.3)
+    models = user_models(5)
+    cases = random_cases(train, 5, 60, seed=21 + hidden)
+    init = np.random.default_rng(4)
+    n_params = N_FEATURES * hidden + 2 * hidden if hidden else N_FEATURES
+    starts = [init.normal(size=n_params) for _ in cases]
+    steps = [n + 1 for _, n, _, _ in cases]
+
+    def make(j, q):
+        lrn = learner(ctx, q, 700 + j, models[j % len(models)], mu=[0.0, 0.2, 0.0][j % 3])
+        users = lrn.users
+        if j % 2:  # a replayed log with room for every step, some of it already played
+            users.queries = np.resize(q, 3 * len(q) + 12)
+            users.arrivals = np.arange(len(users.queries), dtype=np.float64)
+            users.played = j % 4
+        if j % 3:
+            seen = Shown()
+            lrn.shared_users = Users(train, np.array(q[: j % 5 + 1]), models[(j + 1) % 9],
+                                     lrn.rng, seen, "shared")  # fmt: skip
+            lrn.shared_users.issued = []
+        return lrn
+
+    seq = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    bat = [make(j, q) for j, (q, _, _, _) in enumerate(cases)]
+    assert all(b.batched for b in bat)
+    expected = [s.train(w, n) for s, w, n in zip(seq, starts, steps, strict=True)]
+    res = run_pool_batch(bat, starts, steps)
+    assert_same_as_train(seq, bat, res, expected)
+    shared_steps = 0
+    for s, b in zip(seq, bat, strict=True):
+        if s.shared_users is not None:
+            assert b.shared_users.issued == s.shared_users.issued
+            assert b.shared_users.probe.values == pytest.approx(s.shared_users.probe.values)
+            shared_steps += len(s.shared_users.issued)
+    assert shared_steps > 10
+    other = make(1, cases[1][0])
+    other.shared_users.train = make_queryset(5, seed=10)  # shared data in another set
+    assert not other.batched and other.path.endswith("shared data in another training set")

@@ -51,7 +51,12 @@ def test_kernel_draws_are_numpys_streams(bit_generator):
             for r, (_, owned, n, _) in zip(ref, jobs, strict=True)
         ]
         owned_ptr = np.cumsum([0] + [len(o) for _, o, _, _ in jobs])
-        query, gptr, uptr, gumbel, uniform, ndcg = pdgd_kernel.draw(
+        n_jobs = len(jobs)
+        none, each = np.zeros(0, dtype=np.int64), np.zeros(n_jobs + 1, dtype=np.int64)
+        one_cascade = np.zeros(n_jobs, dtype=np.int64), np.arange(n_jobs + 1, dtype=np.int64)
+        # users: queries at random, no shared data, one cascade model each
+        grp = (np.full(n_jobs, -1, dtype=np.int64), none, each, *one_cascade, none, each)
+        query, gptr, uptr, gumbel, uniform, ndcg, model_at, from_shared = pdgd_kernel.draw(
             pdgd_kernel.generator_pointers(got),
             np.concatenate([o for _, o, _, _ in jobs]),
             owned_ptr,
@@ -59,8 +64,10 @@ def test_kernel_draws_are_numpys_streams(bit_generator):
             sizes,
             k,
             False,  # every job its own generator: they draw in parallel
+            (*grp, np.zeros(1, dtype=np.int64)),
         )
         assert np.isnan(ndcg).all() and ndcg.shape == query.shape
+        assert not model_at.any() and not from_shared.any()
         for j, steps in enumerate(expected):
             assert (query[j, len(steps) :] == -1).all()
             for s, (q, g, u) in enumerate(steps):

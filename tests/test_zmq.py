@@ -319,8 +319,12 @@ federation = { protocol = "foltr_es", params = { streams = "authors" } }
     assert done.returncode == 0, done.stderr[-3000:]
     z = results(out)
     assert z["complete"]
-    assert_same_metrics(memory_results(path, tmp_path), z)
+    memory = memory_results(path, tmp_path)
+    assert_same_metrics(memory, z)
     rep = z["variants"]["attacked"]["repeats"][0]
+    # the workers' learners' interactions per path, added up by the server
+    paths = memory["variants"]["attacked"]["repeats"][0]["learner_interactions"]
+    assert rep["learner_interactions"] == paths and paths["batched"] > 0
     assert rep["unlearning"]["clients"] == ["client-0006"]  # the server-hosted attacker left
     t = rep["transport"]
     assert t["kind"] == "zmq" and t["secure"] and t["workers"] == 3

@@ -4,7 +4,8 @@ Cascade instantiations (perfect, navigational, informational) follow Hofmann et 
 Oosterhuis & de Rijke (2018) for 5-grade data and Wang et al. (2021, FPDGD) for 3-grade data; the
 ``poison`` model inverts relevance for untargeted poisoning attacks (Wang & Zuccon, ICTIR 2023). The
 position-based model is the FedIPS user (Wang et al. 2021): examination ``(1/rank)^gamma``, click
-when examined with probability 1 on relevant grades and 0.1 otherwise.
+when examined with probability 1 on relevant grades and 0.1 otherwise. A mixture draws one of its
+models per interaction.
 
 Every model has ``simulate(labels_in_displayed_order, rng) -> bool clicks`` drawing all its
 uniforms in one call, so one interaction costs a few numpy operations.
@@ -129,6 +130,18 @@ class PositionBasedModel:
     def simulate(self, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         p = self.click_probability(labels)
         return rng.random(p.size) < p
+
+
+@dataclass(frozen=True, eq=False)
+class MixtureClickModel:
+    """Users from a population: each interaction's click model is drawn uniformly (``models``:
+    cascade or position-based models; non-IID type 3's IID mixture)."""
+
+    models: tuple
+    name: str = "mixture"
+
+    def simulate(self, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return self.models[int(rng.integers(len(self.models)))].simulate(labels, rng)
 
 
 def click_model(name: str, n_grades: int, **kw) -> CascadeModel | PositionBasedModel:

@@ -3,9 +3,10 @@ FPDGD's local training, batched.
 
 A FPDGD round asks every client for a few PDGD interactions. Here J *jobs* (one client's learner
 each: its own weights, queries, click model and ``numpy.random.Generator``) run in compiled code
-(``foltr_async.ltr.pdgd_kernel``). Linear learners: one call, without the GIL, draws every
-job's random numbers and runs every job's interactions (score, rank, click, measure, update),
-jobs spread over ``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
+(``foltr_async.ltr.pdgd_kernel``), each with its DP clipping and FedProx proximal weight.
+Linear learners: one call, without the GIL, draws every job's random numbers and runs every
+job's interactions (score, rank, click, measure, update), jobs spread over
+``foltr_async.ltr.threads``' threads. One-hidden-layer MLPs: one call draws,
 then per step numpy scores each job and one call ranks, clicks, measures and updates every job
 (jobs in parallel). One query at a time (the reference, the protocols' ``PDGDLearner.train``)
 an interaction is ~20 small numpy calls; here it is a share of one or two compiled calls,
@@ -14,10 +15,15 @@ query as full rounds. Jobs share nothing but read-only data, so results do not d
 number of threads.
 
 Same draws, same result. Every random number a job uses comes from its own generator in exactly
-the sequential path's order: per interaction ``rng.integers(len(queries))``
-(``Users.next_query``), ``rng.gumbel(size=n_docs)`` (``sample_ranking``) and
-``rng.random((2, n_shown))`` (``CascadeModel.simulate``). None of these sizes depends on the
-weights, so all of a job's draws are made before any scoring, and the batched path shows the
+the sequential path's order: per interaction, with shared data
+``rng.integers(n_own + n_shared)`` (which users: ``PDGDLearner.train``), then
+``rng.integers(len(queries))`` (``Users.next_query``; nothing for a replayed log, which issues
+its next query), ``rng.gumbel(size=n_docs)`` (``sample_ranking``), for a mixture of click models
+``rng.integers(len(models))`` (``MixtureClickModel.simulate``) and the clicking model's uniforms:
+``rng.random((2, n_shown))`` for a cascade (``CascadeModel.simulate``), ``rng.random(n_shown)``
+for position-based users (``PositionBasedModel.simulate``, whose click probabilities are
+tabulated per position and label with its own numpy arithmetic). None of these sizes depends on
+the weights, so all of a job's draws are made before any scoring, and the batched path shows the
 same rankings, sees the same clicks, reports the same online nDCG and ends with the same weights
 as the sequential one up to float rounding (summation order only). Ties between
 Gumbel-perturbed scores (probability zero for finite scores) put the lower document first.
@@ -50,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foltr_async.ltr.clicks import CascadeModel
+from foltr_async.ltr.clicks import CascadeModel, MixtureClickModel, PositionBasedModel
 from foltr_async.ltr.metrics import _discount, _gain, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
 
@@ -110,8 +116,11 @@ class PDGDJob:
     ranker's flat parameters).
 
     ``rng`` is the learner's own generator (also its users'), consumed exactly as the sequential
-    path would; ``clip`` is the DP norm bound applied after every update (None: no clipping),
-    in the L``clip_order`` norm (2 or 1).
+    path would; ``click_model`` a cascade or position-based model or a mixture of them
+    (``batchable_clicks``); ``clip`` is the DP norm bound applied after every update (None: no
+    clipping), in the L``clip_order`` norm (2 or 1); ``mu`` is FedProx's proximal weight: every
+    step also takes ``-lr mu (w - weights)``, and a query without a click still takes that part
+    (and the clipping), as ``PDGDLearner.train`` does.
     """
 
     weights: np.ndarray
@@ -122,6 +131,15 @@ class PDGDJob:
     lr: float
     clip: float | None = None
     clip_order: int = 2
+    mu: float = 0.0
+    #: a replayed log: the position in ``queries`` of the next query (its queries are issued in
+    #: order, nothing drawn); -1: drawn at random
+    replay_from: int = -1
+    #: shared data (non-IID data sharing): its queries (in the same training set) and users'
+    #: click model; each step picks them with ``integers(len(queries) + len(shared_queries))``
+    #: ``>= len(queries)``, as ``PDGDLearner.train`` does
+    shared_queries: np.ndarray | None = None
+    shared_model: object = None
 
 
 @dataclass(frozen=True)
@@ -138,38 +156,122 @@ class BatchResult:
     #: (jobs, steps, k) int64: shown documents (offsets in the query), -1 past the list
     rankings: np.ndarray | None = None
     clicks: np.ndarray | None = None  # (jobs, steps, k) bool, False past the list
+    #: (jobs, steps) bool: the step's users were the shared data's (None: no job shares)
+    shared: np.ndarray | None = None
 
 
-_TABLES: weakref.WeakKeyDictionary[CascadeModel, np.ndarray] = weakref.WeakKeyDictionary()
+def batchable_clicks(model) -> bool:
+    """Whether the kernel draws and clicks as ``model.simulate`` does: a cascade model, a
+    position-based one (relevant grades >= 0), or a mixture of those."""
+    if isinstance(model, MixtureClickModel):
+        return bool(model.models) and all(
+            not isinstance(m, MixtureClickModel) and batchable_clicks(m) for m in model.models
+        )
+    if isinstance(model, PositionBasedModel):
+        return all(int(r) == r and r >= 0 for r in model.relevant)
+    return isinstance(model, CascadeModel)
 
 
-def _params(jobs: Sequence[PDGDJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per job (lr, clip norm or inf, click model number, clip order); per model its
-    (P(click | grade), P(stop | click, grade)) rows, padded, and its grade count."""
-    number: dict[int, int] = {}
-    models: list[CascadeModel] = []
-    rows = []
-    for job in jobs:
-        m = job.click_model
-        i = number.get(id(m))
-        if i is None:
-            if not isinstance(m, CascadeModel):
-                raise TypeError(f"batched PDGD needs cascade click models, got {type(m).__name__}")
-            i = number[id(m)] = len(models)
-            models.append(m)
-        rows.append((job.lr, np.inf if job.clip is None else job.clip, i, job.clip_order))
-    if len(models) == 1 and models[0] in _TABLES:
-        tables = _TABLES[models[0]]
-    else:
-        width = max(len(m.p_click) for m in models)
-        tables = np.zeros((len(models), 2, width))
-        for i, m in enumerate(models):
+def _components(model) -> tuple:
+    """The models a job's users click with: a mixture's, or the one."""
+    if not batchable_clicks(model):
+        raise TypeError(
+            "batched PDGD needs cascade or position-based click models or a mixture of them, "
+            f"got {type(model).__name__}"
+        )
+    return model.models if isinstance(model, MixtureClickModel) else (model,)
+
+
+@dataclass(frozen=True, eq=False)
+class _Clicks:
+    """The click models of a batch, as the kernel reads them: per model its kind (0 cascade,
+    1 position-based), a cascade's (P(click | grade), P(stop | click, grade)) rows (padded) and
+    grade count, a position-based model's P(click) per position and label (``pbm``: its last
+    column for labels past the table)."""
+
+    kinds: np.ndarray
+    tables: np.ndarray
+    n_grades: np.ndarray
+    pbm: np.ndarray
+
+
+_TABLES: weakref.WeakKeyDictionary[object, tuple[int, _Clicks]] = weakref.WeakKeyDictionary()
+
+
+def _clicks(models: list, k: int) -> _Clicks:
+    """``_Clicks`` of ``models`` for SERPs of ``k`` (one model's: cached on it)."""
+    if len(models) == 1 and models[0] in _TABLES and _TABLES[models[0]][0] == k:
+        return _TABLES[models[0]][1]
+    cascades = [m for m in models if isinstance(m, CascadeModel)]
+    width = max((len(m.p_click) for m in cascades), default=1)
+    tables = np.zeros((len(models), 2, width))
+    n_grades = np.ones(len(models), dtype=np.int64)
+    kinds = np.zeros(len(models), dtype=np.int64)
+    position = [m for m in models if isinstance(m, PositionBasedModel)]
+    past = max((max(m.relevant, default=-1) + 1 for m in position), default=0)
+    pbm = np.zeros((len(models), k if position else 1, past + 1))
+    for i, m in enumerate(models):
+        if isinstance(m, CascadeModel):
             tables[i, 0, : len(m.p_click)] = m.p_click
             tables[i, 1, : len(m.p_stop)] = m.p_stop
-        if len(models) == 1:
-            _TABLES[models[0]] = tables
-    n_grades = np.array([len(m.p_click) for m in models], dtype=np.int64)
-    return np.array(rows, dtype=np.float64), tables, n_grades
+            n_grades[i] = len(m.p_click)
+        else:  # PositionBasedModel.click_probability, position by position, label by label
+            kinds[i] = 1
+            rel = np.isin(np.arange(past), np.fromiter(m.relevant, dtype=np.int64))
+            exam = m.examination(k)
+            pbm[i, :, :past] = exam[:, None] * np.where(rel, 1.0, m.noise)[None, :]
+            pbm[i, :, past] = exam * m.noise
+    got = _Clicks(kinds, tables, n_grades, pbm)
+    if len(models) == 1:
+        _TABLES[models[0]] = (k, got)
+    return got
+
+
+def _params(jobs: Sequence[PDGDJob], k: int) -> tuple[np.ndarray, _Clicks, tuple]:
+    """Per job (lr, clip norm or inf, its first click model's number, clip order, mu); the
+    batch's click models (``_Clicks``); the kernel's users tuple (``pdgd_kernel._draws``:
+    replay positions, shared queries, each job's own and shared users' model numbers, the
+    models' kinds)."""
+    number: dict[int, int] = {}
+    models: list = []
+
+    def numbers(model) -> list[int]:
+        out = []
+        for m in _components(model):
+            i = number.get(id(m))
+            if i is None:
+                i = number[id(m)] = len(models)
+                models.append(m)
+            out.append(i)
+        return out
+
+    rows, order = [], []
+    mix: list[int] = []
+    smix: list[int] = []
+    mix_ptr, smix_ptr, sh_ptr = [0], [0], [0]
+    shared: list[np.ndarray] = []
+    for job in jobs:
+        own = numbers(job.click_model)
+        mix += own
+        mix_ptr.append(len(mix))
+        if job.shared_queries is not None and len(job.shared_queries):
+            smix += numbers(job.shared_model)
+            shared.append(job.shared_queries)
+            sh_ptr.append(sh_ptr[-1] + len(job.shared_queries))
+        else:
+            sh_ptr.append(sh_ptr[-1])
+        smix_ptr.append(len(smix))
+        order.append(job.replay_from)
+        clip = np.inf if job.clip is None else job.clip
+        rows.append((job.lr, clip, own[0], job.clip_order, job.mu))
+    clicks = _clicks(models, k)
+
+    def ints(values) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    sh = np.concatenate(shared).astype(np.int64, copy=False) if shared else ints([])
+    grp = (ints(order), sh, ints(sh_ptr), ints(mix), ints(mix_ptr), ints(smix), ints(smix_ptr))
+    return np.array(rows, dtype=np.float64), clicks, (*grp, clicks.kinds)
 
 
 def train_linear_batch(
@@ -219,6 +321,8 @@ def _chunked(
     ndcg = np.full((len(jobs), steps), np.nan)
     rankings = np.full((len(jobs), steps, k), -1, dtype=np.int64) if record else None
     clicks = np.zeros((len(jobs), steps, k), dtype=np.bool_) if record else None
+    sharing = any(r.shared is not None for r in parts)
+    from_shared = np.zeros((len(jobs), steps), dtype=np.bool_) if sharing else None
     at = 0
     for r in parts:
         n, m = r.queries.shape
@@ -227,9 +331,11 @@ def _chunked(
         if record:
             rankings[at : at + n, :m] = r.rankings
             clicks[at : at + n, :m] = r.clicks
+        if r.shared is not None:
+            from_shared[at : at + n, :m] = r.shared
         at += n
     weights = np.concatenate([r.weights for r in parts])
-    return BatchResult(weights, queries, ndcg, rankings, clicks)
+    return BatchResult(weights, queries, ndcg, rankings, clicks, from_shared)
 
 
 def _train(
@@ -258,29 +364,33 @@ def _train(
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     data = _data(train, k)
-    params, tables, n_grades = _params(jobs)
+    params, clicks, grp = _params(jobs, k)
+    tables, n_grades, pbm = clicks.tables, clicks.n_grades, clicks.pbm
     ptrs = pdgd_kernel.generator_pointers([job.rng for job in jobs])
     # jobs sharing a generator draw one after the other, as the sequential path would
     shared = len(set(ptrs[:, 2].tolist())) < len(jobs)
+    sharing = len(grp[1]) > 0  # some job's users include shared data's
     owned = np.concatenate([job.queries for job in jobs]).astype(np.int64, copy=False)
     owned_ptr = np.array(owned_ptr, dtype=np.int64)
     steps = np.array([job.n_steps for job in jobs], dtype=np.int64)
     train_linear, draw, step, n_threads = pdgd_kernel.use_threads(len(jobs), int(steps.sum()))
+    # FedProx's anchor: the start weights (read by the kernel only for jobs with mu != 0)
+    w0 = w.copy() if params[:, 4].any() else np.empty((0, n_params))
     features = train.features
     if not hidden:
         n_rec = len(jobs) if record else 0
         served = np.full((n_rec, int(steps.max()), k), -1, dtype=np.int64)
         seen = np.zeros(served.shape, dtype=np.bool_)
-        query, shown = train_linear(
+        query, shown, from_shared = train_linear(
             ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, train.qptr, train.labels,
-            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, n_threads,
-            served, seen,
+            features, data.gains, data.discount, data.ideal, tables, n_grades, params, w, w0,
+            n_threads, served, seen, grp, pbm,
         )  # fmt: skip
         if not record:
             served = seen = None
-        return BatchResult(w, query, shown, served, seen)
-    query, gptr, uptr, gumbel, uniform, shown = draw(
-        ptrs, owned, owned_ptr, steps, data.size_arr, k, shared
+        return BatchResult(w, query, shown, served, seen, from_shared if sharing else None)
+    query, gptr, uptr, gumbel, uniform, shown, model_at, from_shared = draw(
+        ptrs, owned, owned_ptr, steps, data.size_arr, k, shared, grp
     )
     max_docs = int(data.size_arr.max(initial=0))
     scores = np.empty_like(gumbel)
@@ -307,10 +417,10 @@ def _train(
             at += n
         step(
             s, query, gptr, uptr, scores, gumbel, uniform, train.qptr, train.labels, features,
-            data.gains, data.discount, data.ideal, tables, n_grades, params, w, shown, k, acts,
-            aptr, max_docs, n_threads,
+            data.gains, data.discount, data.ideal, tables, n_grades, params, w, w0, shown, k,
+            acts, aptr, max_docs, n_threads, model_at, clicks.kinds, pbm,
         )  # fmt: skip
-    return BatchResult(w, query, shown)
+    return BatchResult(w, query, shown, shared=from_shared if sharing else None)
 
 
 def learn_logged_linear(
@@ -361,8 +471,8 @@ def compiled_pair_weights(
 ) -> np.ndarray:
     """``pdgd.pair_weights`` from the kernel (equal up to float rounding, 20-40x cheaper), for
     ``pdgd.pdgd_gradient(..., weights=compiled_pair_weights)``: the one-query-at-a-time path of
-    what the batched path does not cover (MLP rankers, non-cascade click models, FedProx and
-    sharing)."""
+    what the batched path does not cover (other rankers and click models, shared data in another
+    training set)."""
     from foltr_async.ltr import pdgd_kernel  # numba: imported (and compiled) on first use
 
     return pdgd_kernel.pair_weights(

@@ -24,10 +24,11 @@ call the C library's ``log``). Numba's own ``Generator`` support would do the sa
 
 The step: Gumbel-top-k ranking of ``score + noise`` (ties: lower document first, which is what
 the reference's stable sort does when the query has at most ``k`` documents; longer queries tie
-with probability zero), cascade clicks, the shown nDCG@k summed in numpy's pairwise order (the
-same float as ``metrics.dcg_at_k``), then the pairs, the closed-form debiasing of the
-``pdgd_batch`` module doc, the gradient (linear, or ``MLPRanker.grad``'s backward pass for one
-hidden layer), the step and the DP clipping.
+with probability zero), cascade or position-based clicks, the shown nDCG@k summed in numpy's
+pairwise order (the same float as ``metrics.dcg_at_k``), then the pairs, the closed-form
+debiasing of the ``pdgd_batch`` module doc, the gradient (linear, or ``MLPRanker.grad``'s
+backward pass for one hidden layer), the step (with FedProx's proximal part) and the DP
+clipping.
 """
 
 from __future__ import annotations
@@ -180,10 +181,11 @@ def _bounded(fn32, state, high):
 
 
 @jit
-def _layout(owned, owned_ptr, steps, sizes, k):
+def _layout(owned, owned_ptr, steps, sizes, k, grp):
     """Where each job's draws go: its first Gumbel and uniform slot (``goff``, ``uoff``; room
-    for ``steps[j]`` of its largest owned query, so jobs can draw at once), the longest job's
-    steps and the largest query."""
+    for ``steps[j]`` of its largest owned or shared query, so jobs can draw at once), the
+    longest job's steps and the largest query."""
+    sh, sh_ptr = grp[1], grp[2]
     n_jobs = steps.size
     goff = np.zeros(n_jobs + 1, dtype=np.int64)
     uoff = np.zeros(n_jobs + 1, dtype=np.int64)
@@ -195,6 +197,10 @@ def _layout(owned, owned_ptr, steps, sizes, k):
             if not 0 <= owned[i] < sizes.size:
                 raise IndexError("a job owns a query the training set does not have")
             biggest = max(biggest, sizes[owned[i]])
+        for i in range(sh_ptr[j], sh_ptr[j + 1]):
+            if not 0 <= sh[i] < sizes.size:
+                raise IndexError("a job shares a query the training set does not have")
+            biggest = max(biggest, sizes[sh[i]])
         n_steps = max(n_steps, steps[j])
         if steps[j] > 0:
             max_docs = max(max_docs, biggest)
@@ -204,17 +210,39 @@ def _layout(owned, owned_ptr, steps, sizes, k):
 
 
 @jit
-def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gumbel, uniform):
-    """Job ``j``'s draws in the sequential order, from ``gptr[j, 0]`` and ``uptr[j, 0]`` on."""
+def _draw_job(
+    j, ptrs, owned, owned_ptr, steps, sizes, k, grp, query, gptr, uptr, gumbel, uniform,
+    model_at, from_shared,
+):  # fmt: skip
+    """Job ``j``'s draws in the sequential order, from ``gptr[j, 0]`` and ``uptr[j, 0]`` on
+    (``grp``: ``_draws``'s users)."""
+    order, sh, sh_ptr, mix, mix_ptr, smix, smix_ptr, kinds = grp
     fn_d, fn_u, state = ptrs[j, 0], ptrs[j, 1], ptrs[j, 2]
     first = owned_ptr[j]
     n_owned = owned_ptr[j + 1] - first
+    s_first = sh_ptr[j]
+    n_sh = sh_ptr[j + 1] - s_first
+    played = order[j]
     go = gptr[j, 0]
     uo = uptr[j, 0]
     for s in range(steps[j]):
-        pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
-        q = owned[first + pick]
+        other = False
+        if n_sh > 0:  # PDGDLearner.train: integers(own + shared) >= own picks the shared users
+            other = _bounded(fn_u, state, n_owned + n_sh) >= n_owned
+        if other:
+            pick = 0 if n_sh == 1 else _bounded(fn_u, state, n_sh)
+            q = sh[s_first + pick]
+            models, m_first, n_mix = smix, smix_ptr[j], smix_ptr[j + 1] - smix_ptr[j]
+        else:
+            if played >= 0:  # a replayed log: its next query, nothing drawn
+                pick = played
+                played += 1
+            else:
+                pick = 0 if n_owned == 1 else _bounded(fn_u, state, n_owned)
+            q = owned[first + pick]
+            models, m_first, n_mix = mix, mix_ptr[j], mix_ptr[j + 1] - mix_ptr[j]
         query[j, s] = q
+        from_shared[j, s] = other
         n = sizes[q]
         gptr[j, s] = go
         for i in range(n):
@@ -223,25 +251,40 @@ def _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, query, gptr, uptr, gum
                 u = 1.0 - _next_double(fn_d, state)
             gumbel[go + i] = 0.0 - 1.0 * np.log(-np.log(u))
         go += n
+        # a mixture's users draw which model clicks (integers(len(models)))
+        model = models[m_first + (0 if n_mix == 1 else _bounded(fn_u, state, n_mix))]
+        model_at[j, s] = model
         uptr[j, s] = uo
-        for i in range(2 * min(k, n)):
+        n_u = min(k, n) * (2 if kinds[model] == 0 else 1)  # cascade: random((2, m)); PBM: m
+        for i in range(n_u):
             uniform[uo + i] = _next_double(fn_d, state)
-        uo += 2 * min(k, n)
+        uo += n_u
 
 
 @jit(inline="always")
-def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared, grp):
     """Every job's draws in the sequential order (``draw``, inlined so its ``prange`` runs in
     the caller's thread pool).
 
-    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers and
-    a NaN-filled (jobs, max steps) nDCG array for ``step``. Job ``j`` step ``s``: its query
-    ``query[j, s]`` (``owned[integers(len(owned))]``; -1 for steps it does not run), then
-    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]`` and ``random((2, min(k, n)))`` raveled at
-    ``uniform[uptr[j, s]:]``. Jobs draw in parallel, each from its own generator, unless
-    ``shared`` (some jobs share a generator): then one after the other, in job order.
+    Returns ``query``, ``gptr``, ``uptr`` (jobs, max steps), the Gumbel and uniform buffers, a
+    NaN-filled (jobs, max steps) nDCG array for ``step``, ``model_at`` (the click model of each
+    step) and ``from_shared`` (whether the step's users were the shared data's). Job ``j`` step
+    ``s``: with shared queries ``integers(n_owned + n_shared) >= n_owned`` picks the shared
+    users; its query ``query[j, s]`` (``owned[integers(len(owned))]``, the shared users' alike,
+    or a replayed log's next one, nothing drawn; -1 for steps it does not run), then
+    ``gumbel(size=n)`` at ``gumbel[gptr[j, s]:]``, for a mixture of click models
+    ``integers(len(models))``, and the model's uniforms at ``uniform[uptr[j, s]:]``
+    (cascade: ``random((2, min(k, n)))`` raveled; position-based: ``random(min(k, n))``). Jobs
+    draw in parallel, each from its own generator, unless ``shared`` (some jobs share a
+    generator): then one after the other, in job order.
+
+    ``grp`` is the jobs' users: ``order`` (per job: -1 to draw queries at random, else the
+    replayed log's position of its next query), the shared queries ``sh`` per job
+    (``sh_ptr``), the click models (numbers) of the job's own users ``mix`` (``mix_ptr``; more
+    than one: a mixture) and of its shared users ``smix`` (``smix_ptr``), and each model's
+    kind (``kinds``: 0 cascade, 1 position-based).
     """
-    goff, uoff, n_steps, _ = _layout(owned, owned_ptr, steps, sizes, k)
+    goff, uoff, n_steps, _ = _layout(owned, owned_ptr, steps, sizes, k, grp)
     n_jobs = steps.size
     query = np.full((n_jobs, n_steps), -1, dtype=np.int64)
     gptr = np.zeros((n_jobs, n_steps), dtype=np.int64)
@@ -251,26 +294,29 @@ def _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared):
             gptr[j, 0], uptr[j, 0] = goff[j], uoff[j]
     gumbel = np.empty(goff[n_jobs])
     uniform = np.empty(uoff[n_jobs])
-    out = (query, gptr, uptr, gumbel, uniform)
+    model_at = np.zeros((n_jobs, n_steps), dtype=np.int64)
+    from_shared = np.zeros((n_jobs, n_steps), dtype=np.bool_)
+    out = (query, gptr, uptr, gumbel, uniform, model_at, from_shared)
     if shared:
         for j in range(n_jobs):
-            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, grp, *out)
     else:
         for j in prange(n_jobs):
-            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, *out)
-    return query, gptr, uptr, gumbel, uniform, np.full((n_jobs, n_steps), np.nan)
+            _draw_job(j, ptrs, owned, owned_ptr, steps, sizes, k, grp, *out)
+    ndcg = np.full((n_jobs, n_steps), np.nan)
+    return query, gptr, uptr, gumbel, uniform, ndcg, model_at, from_shared
 
 
 @_parallel
-def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+def draw(ptrs, owned, owned_ptr, steps, sizes, k, shared, grp):
     """``_draws``, jobs in parallel (``use_threads`` picks it)."""
-    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared, grp)
 
 
 @jit
-def _draw_serial(ptrs, owned, owned_ptr, steps, sizes, k, shared):
+def _draw_serial(ptrs, owned, owned_ptr, steps, sizes, k, shared, grp):
     """``_draws``, one job after the other."""
-    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared)
+    return _draws(ptrs, owned, owned_ptr, steps, sizes, k, shared, grp)
 
 
 @jit
@@ -442,13 +488,15 @@ def workspace(k, max_docs):
 @jit
 def _interact(
     j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains, discount, ideal,
-    tables, n_grades, params, ndcg, k, work,
+    tables, n_grades, model_at, kinds, pbm, ndcg, k, work,
 ):  # fmt: skip
     """Interaction ``s`` of job ``j`` (its query ``query[j, s] >= 0``, its current scores at
-    ``scores[gptr[j, s]:]``): rank, click, write the shown nDCG@k to ``ndcg[j, s]``, and when
-    something was clicked leave each shown position's PDGD weight in ``coef`` and its document
-    (within the query) in ``top_i`` (``work``: ``workspace``'s arrays). Returns the number of
-    positions to update from (0: no click)."""
+    ``scores[gptr[j, s]:]``): rank, click (the step's model ``model_at[j, s]``: a cascade's
+    row of ``tables``, or a position-based model's P(click) per position and label in
+    ``pbm``, its last column for labels past the table), write the shown nDCG@k to
+    ``ndcg[j, s]``, and when something was clicked leave each shown position's PDGD weight in
+    ``coef`` and its document (within the query) in ``top_i`` (``work``: ``workspace``'s
+    arrays). Returns the number of positions to update from (0: no click)."""
     q = query[j, s]
     first = qptr[q]
     n = qptr[q + 1] - first
@@ -480,10 +528,12 @@ def _interact(
         top_v[p] = v
         top_i[p] = i
 
-    # Cascade clicks from the uniforms; nDCG@k of the shown list.
+    # Clicks from the uniforms (cascade or position-based); nDCG@k of the shown list.
     uo = uptr[j, s]
-    model = np.int64(params[j, 2])
+    model = model_at[j, s]
+    cascade = kinds[model] == 0
     g_top = n_grades[model] - 1
+    past = pbm.shape[2] - 1  # the position-based table's column for labels past it
     any_click = False
     last_click = -1
     stopped = False
@@ -491,7 +541,13 @@ def _interact(
         d = first + top_i[i]
         shown[i] = gains[d] * discount[m, i]  # reused below for the scores
         c = False
-        if not stopped:
+        if not cascade:
+            g = np.int64(labels[d])
+            if uniform[uo + i] < pbm[model, i, g if 0 <= g < past else past]:
+                c = True
+                any_click = True
+                last_click = i
+        elif not stopped:
             g = min(max(np.int64(labels[d]), 0), g_top)
             if uniform[uo + i] < tables[model, 0, g]:
                 c = True
@@ -514,16 +570,25 @@ def _interact(
 
 
 @jit
-def _ascend(w, j, grad, params):
-    """``w[j] += lr * grad``, then DP clipping to the job's norm bound (``params[j]``), in the
-    L2 norm, or the L1 norm when ``params[j, 3]`` is 1."""
+def _ascend(w, j, grad, params, w0):
+    """``w[j] += lr * grad``, with FedProx's proximal part ``- lr mu (w[j] - w0[j])`` when the
+    job's ``mu = params[j, 4]`` is not 0 (``w0``: the jobs' start weights), then DP clipping to
+    the job's norm bound (``params[j]``), in the L2 norm, or the L1 norm when ``params[j, 3]``
+    is 1."""
     n_par = w.shape[1]
     lr = params[j, 0]
+    mu = params[j, 4]
     l1 = params[j, 3] == 1.0
     total = 0.0
-    for f in range(n_par):
-        w[j, f] = w[j, f] + lr * grad[f]
-        total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
+    if mu == 0.0:
+        for f in range(n_par):
+            w[j, f] = w[j, f] + lr * grad[f]
+            total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
+    else:
+        lr_mu = lr * mu  # the reference's ``lr * mu * (theta - start)``, in its order
+        for f in range(n_par):
+            w[j, f] = w[j, f] + (lr * grad[f] - lr_mu * (w[j, f] - w0[j, f]))
+            total += abs(w[j, f]) if l1 else w[j, f] * w[j, f]
     bound = params[j, 1]
     norm = total if l1 else np.sqrt(total)
     if norm > bound:
@@ -608,18 +673,20 @@ def _chunks(n_jobs, n_threads):
 @jit(inline="always")
 def _train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen, grp, pbm,
 ):  # fmt: skip
     """A whole batch of linear learners in one call: ``draw``, then every job's interactions
     (score its query with its current weights, rank, click, nDCG, update ``w[j]`` in place),
-    jobs in parallel. Returns ``draw``'s ``query`` and the shown nDCG@k (``step``'s
-    arguments otherwise, ``n_threads`` the threads in force). When ``served`` has rows (jobs,
+    jobs in parallel. Returns ``draw``'s ``query``, the shown nDCG@k and ``from_shared``
+    (``step``'s arguments otherwise, ``grp`` ``draw``'s users, ``n_threads`` the threads in
+    force). When ``served`` has rows (jobs,
     steps, k), each interaction's shown documents (offsets in the query) go to ``served[j, s]``
     and its clicks to ``seen[j, s]`` (entries past the shown list untouched), and nothing is
     learned (serving: the weights stay as they were)."""
-    query, gptr, uptr, gumbel, uniform, ndcg = _draws(
-        ptrs, owned, owned_ptr, steps, sizes, k, shared
+    query, gptr, uptr, gumbel, uniform, ndcg, model_at, from_shared = _draws(
+        ptrs, owned, owned_ptr, steps, sizes, k, shared, grp
     )
+    kinds = grp[7]
     max_docs = 0
     for q in range(sizes.size):
         max_docs = max(max_docs, sizes[q])
@@ -637,55 +704,65 @@ def _train_linear(
                 linear_scores(features, first, n, wj, scores, gptr[j, s])
                 m = _interact(
                     j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
-                    discount, ideal, tables, n_grades, params, ndcg, k, work,
+                    discount, ideal, tables, n_grades, model_at, kinds, pbm, ndcg, k, work,
                 )  # fmt: skip
                 if served.shape[0]:
                     for i in range(min(k, n)):
                         served[j, s, i] = top_i[i]
                         seen[j, s, i] = clicked[i]
-                if m and not served.shape[0]:
+                if served.shape[0]:
+                    continue
+                if m:
                     _linear_grad(grad, coef, top_i, m, features, first)
-                    _ascend(w, j, grad, params)
-    return query, ndcg
+                elif params[j, 4] != 0.0:  # FedProx steps without a click too
+                    grad[:] = 0.0
+                else:
+                    continue
+                _ascend(w, j, grad, params, w0)
+    return query, ndcg, from_shared
 
 
 @_parallel
 def train_linear(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen, grp, pbm,
 ):  # fmt: skip
     """``_train_linear``, jobs in parallel (``use_threads`` picks it)."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
+        discount, ideal, tables, n_grades, params, w, w0, n_threads, served, seen, grp, pbm,
     )  # fmt: skip
 
 
 @jit
 def _train_linear_serial(
     ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, n_threads, served, seen,
+    ideal, tables, n_grades, params, w, w0, n_threads, served, seen, grp, pbm,
 ):  # fmt: skip
     """``_train_linear``, one job after the other."""
     return _train_linear(
         ptrs, owned, owned_ptr, steps, sizes, k, shared, qptr, labels, features, gains,
-        discount, ideal, tables, n_grades, params, w, n_threads, served, seen,
+        discount, ideal, tables, n_grades, params, w, w0, n_threads, served, seen, grp, pbm,
     )  # fmt: skip
 
 
 @jit(inline="always")
 def _step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
+    model_at, kinds, pbm,
 ):  # fmt: skip
     """Interaction ``s`` of every job with ``query[j, s] >= 0``: rank, click, nDCG, update.
 
     ``scores[gptr[j, s]:]`` hold the job's current scores of its query's documents.
-    ``params[j]`` is (learning rate, clip norm or inf, click model, clip order 2 or 1): the
-    model's row of ``tables`` is (P(click | grade), P(stop | click, grade)) for its
-    ``n_grades`` grades. ``discount[m, :m]`` is ``metrics._discount(m)``; ``gains`` per
-    document. Updates ``w[j]`` in place and writes the shown nDCG@k to ``ndcg[j, s]``;
-    queries have at most ``max_docs`` documents; ``n_threads`` sizes the job ranges.
+    ``params[j]`` is (learning rate, clip norm or inf, first click model, clip order 2 or 1,
+    FedProx mu; ``w0[j]`` the start weights mu pulls back to, read only when mu is not 0). The
+    step's click model is ``model_at[j, s]`` (``draw``'s) of kind ``kinds``: a cascade's row of
+    ``tables`` is (P(click | grade), P(stop | click, grade)) for its ``n_grades`` grades, a
+    position-based model's ``pbm`` row P(click) per position and label. ``discount[m, :m]``
+    is ``metrics._discount(m)``; ``gains`` per document. Updates ``w[j]`` in place and writes
+    the shown nDCG@k to ``ndcg[j, s]``; queries have at most ``max_docs`` documents;
+    ``n_threads`` sizes the job ranges.
     Linear rankers: ``acts`` is (0, 0). One-hidden-layer tanh MLPs (``MLPRanker`` with
     ``hidden = (H,)``, ``w[j]`` its flat parameters): job ``j``'s hidden activations of its
     query's documents are at ``acts[aptr[j]:]`` (numpy computed them with the scores).
@@ -701,39 +778,45 @@ def _step(
                 continue
             m = _interact(
                 j, s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, gains,
-                discount, ideal, tables, n_grades, params, ndcg, k, work,
+                discount, ideal, tables, n_grades, model_at, kinds, pbm, ndcg, k, work,
             )  # fmt: skip
-            if not m:
-                continue
             first = qptr[query[j, s]]
-            if acts.shape[1]:
+            if not m:
+                if params[j, 4] == 0.0:
+                    continue
+                grad[:] = 0.0  # FedProx steps without a click too
+            elif acts.shape[1]:
                 _mlp_grad(grad, coef, top_i, m, features, first, acts[aptr[j] :], w[j], dpre)
             else:
                 _linear_grad(grad, coef, top_i, m, features, first)
-            _ascend(w, j, grad, params)
+            _ascend(w, j, grad, params, w0)
 
 
 @_parallel
 def step(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
+    model_at, kinds, pbm,
 ):  # fmt: skip
     """``_step``, jobs in parallel (``use_threads`` picks it)."""
     _step(
         s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+        ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
+        model_at, kinds, pbm,
     )  # fmt: skip
 
 
 @jit
 def _step_serial(
     s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-    ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+    ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
+    model_at, kinds, pbm,
 ):  # fmt: skip
     """``_step``, one job after the other."""
     _step(
         s, query, gptr, uptr, scores, gumbel, uniform, qptr, labels, features, gains, discount,
-        ideal, tables, n_grades, params, w, ndcg, k, acts, aptr, max_docs, n_threads,
+        ideal, tables, n_grades, params, w, w0, ndcg, k, acts, aptr, max_docs, n_threads,
+        model_at, kinds, pbm,
     )  # fmt: skip
 
 

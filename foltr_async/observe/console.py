@@ -29,7 +29,7 @@ from rich.text import Text
 
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.progress import ProgressLines, clock_text
-from foltr_async.observe.results import final_value, nobody_online_share
+from foltr_async.observe.results import final_value, learner_path, nobody_online_share
 from foltr_async.observe.stats import summarise
 
 BLOCKS = np.array(list("▁▂▃▄▅▆▇█"))
@@ -508,6 +508,7 @@ class PlainReporter(Observer):
             **(result.get("online") or {}),
             empty_rounds=(result.get("contributions") or {}).get("empty_rounds"),
             nobody_online=nobody_online_text(result.get("contributions") or {}),
+            learner=learner_path(result.get("learner_interactions")),
             wall_s=result.get("wall_s"),
             sim_s=result.get("sim_s"),
         )

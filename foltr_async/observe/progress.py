@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from foltr_async.observe.observer import Observer
+from foltr_async.observe.results import learner_path
 
 #: wall seconds between two round lines of one repeat (finished repeats always get a line)
 EVERY_S = 30.0
@@ -94,8 +95,10 @@ class ProgressLines(Observer):
         values = (result.get("offline") or {}).get(self._metric) or []
         final = values[-1] if values else None
         value = f" {self._metric} {final:.4f}" if isinstance(final, int | float) else ""
+        path = learner_path(result.get("learner_interactions"))
+        learner = f", learner {path}" if path else ""
         self._say(
             f"repeat {self._cur.get('k', self._started)} of {self._runs} done: {variant} "
-            f"(seed {result.get('seed', self._cur.get('seed'))}){value}; "
+            f"(seed {result.get('seed', self._cur.get('seed'))}){value}{learner}; "
             f"{self._overall(self._done_rounds)}"
         )

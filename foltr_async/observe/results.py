@@ -143,6 +143,16 @@ def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
+def learner_path(counts: dict | None) -> str | None:
+    """Which path a run's PDGD learners trained by (``learner_interactions`` of a repeat: its
+    interactions per path): the one path they all took, ``"mixed: ..."`` naming each path's
+    interactions otherwise, None when nothing was trained."""
+    used = {path: n for path, n in (counts or {}).items() if n}
+    if len(used) <= 1:
+        return next(iter(used), None)
+    return "mixed: " + "; ".join(f"{path} ({n} interactions)" for path, n in used.items())
+
+
 def nobody_online_share(contrib: dict) -> float | None:
     """The share of a repeat's simulated round time that began with no client online."""
     total = contrib.get("rounds_s")
@@ -234,7 +244,19 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
         },
         "wall_s": summarise(rep.get("wall_s") for rep in repeats),
         "sim_s": summarise(rep.get("sim_s") for rep in repeats),
+        **_learner(repeats),
     }
+
+
+def _learner(repeats: list[dict]) -> dict:
+    """``learner.path`` of a variant: the path its repeats' PDGD learners trained by (nothing
+    for a protocol without one)."""
+    total: dict[str, int] = {}
+    for rep in repeats:
+        for path, n in (rep.get("learner_interactions") or {}).items():
+            total[path] = total.get(path, 0) + n
+    path = learner_path(total)
+    return {"learner": {"path": path}} if path else {}
 
 
 def paired_finals(
