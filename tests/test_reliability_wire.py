@@ -440,8 +440,10 @@ async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive()
     print(f"{n} junk frames counted in {took:.2f} s; loop lag max {max(lags) * 1e3:.1f} ms "
           f"over {len(lags)} probes")  # fmt: skip
     assert hub.dropped["undecodable"] == n
-    # relative to the flood's own duration: on a loaded machine both stretch alike
-    assert len(lags) > 10 and max(lags) < took / 2
+    # the loop kept running its other tasks between batches of the backlog (a receive loop that
+    # handled every queued frame before yielding let the probe run once or twice); a count of
+    # turns, not a time: a loaded machine only makes the backlog, and the turns, longer
+    assert len(lags) > 10
 
 
 async def test_a_frame_over_the_limit_is_refused_before_the_hub_holds_it():
