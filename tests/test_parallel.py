@@ -161,7 +161,7 @@ def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs(tmp_path
     with pytest.raises(FoltrError, match="the model diverged") as err:
         list(run_jobs([(0, 1, "sleeps", cfg), (0, 1, "fails", cfg)], 2, work=fails_or_sleeps))
     assert err.value.job[2] == "fails" and (tmp_path / "started").exists()
-    assert time.monotonic() - start < 400  # the sleeping job's process was ended, not waited
+    assert time.monotonic() - start < 600  # the sleeping job's 600 s were not waited for
 
 
 def test_parallel_jobs_start_longest_first_and_equal_costs_keep_their_order(tmp_path):

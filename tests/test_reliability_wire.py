@@ -293,7 +293,7 @@ def run_memory(path: Path, tmp_path: Path) -> dict:
 HELLO = {"t": "hello", "worker": "w", "claims": [0], "host": "h", "pid": 1, "run": 0}
 
 
-async def _until(predicate, timeout: float = 10.0) -> None:
+async def _until(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -380,9 +380,9 @@ async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_afte
     sock.routing_id, sock.linger = b"worker", 0
     sock.connect(endpoint)
     try:
+        building.add(b"worker")  # before the hello: a stalled test loop cannot lose it early
         await sock.send_multipart([b"C", pack_control(HELLO)])
         await _until(lambda: b"worker" in hub.peers)
-        building.add(b"worker")
         await asyncio.sleep(1.0)  # three timeouts of silence
         assert lost == [] and b"worker" in hub.peers
         building.discard(b"worker")
@@ -559,7 +559,9 @@ def test_a_control_flood_from_a_worker_is_counted_while_the_run_goes_on(tmp_path
         time.sleep(0.3)
         junk = [rng.bytes(int(n)) for n in rng.integers(1, 513, size=1024)]
         end = time.monotonic() + 3
-        while time.monotonic() < end:
+        # 3 s or 40,000 frames: a fast machine's flood (170,000 frames idle) is then no longer
+        # than a loaded one can count before the run ends
+        while time.monotonic() < end and sent < 40_000:
             with contextlib.suppress(zmq.Again):
                 peer.send_multipart([b"C", junk[sent % 1024]])
                 sent += 1
@@ -576,7 +578,7 @@ def test_a_control_flood_from_a_worker_is_counted_while_the_run_goes_on(tmp_path
     replied = {e["round"]: e["replied"] for e in events(out) if e["event"] == "aggregation"}
     dropped = rep["transport"]["frames_dropped"]
     lines = [e for e in events(out) if e["event"] == "hub_frame_dropped"]
-    print(f"{sent} junk frames in 3 s: dropped {dropped}, {len(lines)} log lines, "
+    print(f"{sent} junk frames in up to 3 s: dropped {dropped}, {len(lines)} log lines, "
           f"replies per round {sorted(set(replied.values()))}")  # fmt: skip
     assert sent > 1000 and sum(dropped.values()) == sent
     assert sorted(replied) == list(range(1, 21)) and set(replied.values()) == {4}

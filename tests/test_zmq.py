@@ -766,7 +766,7 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_written_results(tmp_path, mq2
             return True
         return False
 
-    wait_for(lambda: all(gone(p) for p in pids), timeout=15, what="workers to exit")
+    wait_for(lambda: all(gone(p) for p in pids), timeout=60, what="workers to exit")
 
 
 # --------------------------------------------------------------------------- across an interface
