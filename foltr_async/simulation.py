@@ -420,6 +420,8 @@ class Simulation:
         self._make_server()
         if self._saved is not None:
             self._resume()
+        else:  # the curves start at round 0: the model before any client trained
+            self._initial = self.proto.strategy.evaluate()
         self._start_agents()
         heap.freeze()
         try:
@@ -470,6 +472,7 @@ class Simulation:
             if item["round"] is not None:
                 self._by_round.setdefault(item["round"], []).append(item)
         self._rounds: list[int] = []
+        self._initial: dict[str, float] = {}  # offline metrics before round 1
         self._curve: list[dict[str, float]] = []
         self._times: list[float] = []
         self._interactions: list[int] = []  # user interactions so far, at each evaluation
@@ -568,6 +571,7 @@ class Simulation:
         result = {
             "seed": self.seed,
             "rounds": self._rounds,
+            "initial": self._initial,  # offline metrics of the model before round 1
             "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
             "sim_times": self._times,  # simulated seconds at each evaluation
             "online": online,
@@ -747,6 +751,7 @@ class Simulation:
             "sim0": sim0,
             "wall": wall,
             "rounds": list(self._rounds),
+            "initial": self._initial,
             "curve": list(self._curve),
             "times": list(self._times),
             "interactions": list(self._interactions),
@@ -769,6 +774,7 @@ class Simulation:
             if saved[key] is not None:
                 obj.restore_state(saved[key], shared)
         self._rounds[:] = saved["rounds"]
+        self._initial = saved["initial"]
         self._curve[:] = saved["curve"]
         self._times[:] = saved["times"]
         self._interactions[:] = saved["interactions"]
@@ -836,7 +842,8 @@ def _check_run_state(saved: Any, objects: dict[str, Any]) -> None:
     against the object)."""
     kinds = {
         "round": int, "now": float, "sim0": float, "wall": float, "rounds": list,
-        "curve": list, "times": list, "reports": list, "agents": dict, "remote": dict,
+        "initial": dict, "curve": list, "times": list, "reports": list, "agents": dict,
+        "remote": dict,
     }  # fmt: skip
     if type(saved) is not dict:
         raise CheckpointError(f"run state: expected a table, got a {type(saved).__name__}")

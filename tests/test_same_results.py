@@ -4,12 +4,10 @@
   every message count), also in a fresh process with another hash seed;
 - on another machine (CPU, BLAS, numba build) they are equal up to float rounding: integers and
   strings exactly, floats within a relative 1e-6, against results recorded on the reference
-  machine (tests/data/same_results/, recorded at commit 4d0ba30; later changes added keys, such
-  as the interactions and the online metric by each evaluation, and the DP change re-recorded
-  the message bytes and the privacy report of two cases, all else equal: their commits say
-  so). A compiled
-  kernel or BLAS may sum in another order there, which moves the last bits of update statistics
-  such as a cosine's mean and std; a change of logic moves them far more than 1e-6.
+  machine (tests/data/same_results/; a change that adds a result key adds it there, all else
+  equal, and its commit says so). A compiled kernel or BLAS may sum in another order there,
+  which moves the last bits of update statistics such as a cosine's mean and std; a change of
+  logic moves them far more than 1e-6.
 
 Each case covers other parts of the path: lognormal latencies, an attacker and unlearning's
 calibration rounds; secure aggregation with dropouts; an eavesdropper's tap with DP noise.

@@ -74,6 +74,23 @@ def test_virtual_time_rounds_take_simulated_not_wall_time(scenario_file):
     assert result["online"]["interactions"] == 20 * 5 * 4
 
 
+def test_curves_start_at_round_0_from_the_untrained_model_and_learning_rises_from_it(
+    scenario_file,
+):
+    """Each repeat records the model's offline metrics before round 1; the summary curve (the
+    one console, summary.md and figures draw) starts there, and FPDGD learns from it."""
+    from foltr_async.observe.results import summarise_variant
+
+    cfg = load_scenario(scenario_file).variants["fpdgd"]
+    reps = [simulate(cfg, seed=s)[0] for s in (4, 5)]
+    assert reps[0]["initial"] == reps[1]["initial"]  # a linear ranker starts at the same weights
+    assert set(reps[0]["initial"]) == set(reps[0]["offline"])
+    cur = summarise_variant(reps, "ndcg@10")["curve"]
+    assert cur["rounds"] == [0, 5, 10, 15, 20] and cur["n"][0] == 2
+    assert cur["mean"][0] == reps[0]["initial"]["ndcg@10"] and cur["std"][0] == 0.0
+    assert all(r["offline"]["ndcg@10"][-1] > r["initial"]["ndcg@10"] for r in reps)
+
+
 def test_a_run_freezes_its_heap_while_it_plays_and_thaws_it_after(scenario_file):
     cfg = load_scenario(scenario_file).variants["fpdgd"]
     during, thresholds = [], gc.get_threshold()

@@ -199,11 +199,16 @@ def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
 
 
 def _curve(repeats: list[dict], metric: str) -> dict:
+    """The mean curve over the repeats that measured ``metric``, from round 0 (the model
+    before any training) where a repeat recorded it."""
     with_curve = [rep for rep in repeats if _measured(rep, metric)]
-    return curve(
-        [rep.get("rounds", []) for rep in with_curve],
-        [rep["offline"][metric] for rep in with_curve],
-    )
+    rounds, values = [], []
+    for rep in with_curve:
+        start = (rep.get("initial") or {}).get(metric)
+        first = [] if start is None else [start]
+        rounds.append([0] * len(first) + list(rep.get("rounds", [])))
+        values.append(first + list(rep["offline"][metric]))
+    return curve(rounds, values)
 
 
 def summarise_variant(repeats: list[dict], metric: str) -> dict:
@@ -482,14 +487,18 @@ def _datasets(config: dict) -> list[str]:
 
 
 def render_curves_csv(results: dict) -> str:
-    """``variant,repeat,seed,round,metric,value`` for every evaluated round and offline metric."""
+    """``variant,repeat,seed,round,metric,value`` for every evaluated round and offline metric,
+    from round 0 (the model before training) where the repeat recorded it."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_HEADER)
     for name, entry in results.get("variants", {}).items():
         for rep in entry["repeats"]:
             rounds = rep.get("rounds") or []
+            initial = rep.get("initial") or {}
             for m, values in (rep.get("offline") or {}).items():
+                if initial.get(m) is not None:
+                    w.writerow((name, rep.get("repeat"), rep.get("seed"), 0, m, initial[m]))
                 w.writerows(
                     (name, rep.get("repeat"), rep.get("seed"), r, m, "" if v is None else v)
                     for r, v in zip(rounds, values, strict=False)
