@@ -118,7 +118,8 @@ def test_csv_has_one_row_per_round_metric_and_repeat(writer):
     assert [int(r["round"]) for r in first if r["metric"] == "ndcg@10"] == ROUNDS
 
 
-def test_partial_run_keeps_valid_results(writer):
+def test_partial_run_keeps_valid_results(writer, monkeypatch):
+    monkeypatch.setattr(results, "FIRST_PLOT_S", 0.0)  # a run long enough for partial figures
     run(writer, n_repeats=1)  # interrupted after one seed: no run_done
     res = json.loads(writer.json_path.read_text())
     assert res["complete"] is False
@@ -127,6 +128,17 @@ def test_partial_run_keeps_valid_results(writer):
     assert comp["n"] == 1 and comp["p_value"] is None and comp["diff_mean"] is not None
     assert "partial" in writer.md_path.read_text()
     assert writer.png_path.exists()
+
+
+def test_a_short_run_draws_its_figures_once_at_its_end(writer, monkeypatch):
+    """Drawing (matplotlib's import, PDF and PNG) would dominate a run of seconds: its numbers
+    are written after every repeat, its figures only when it ends."""
+    drawn = []
+    monkeypatch.setattr(results, "plot_curves", lambda res, path, **kw: drawn.append(path))
+    run(writer, n_repeats=3)
+    assert drawn == [] and writer.json_path.exists()
+    writer.run_done({})
+    assert drawn == [writer.png_path]
 
 
 def test_results_exist_before_any_repeat_and_variant_without_reference_data(tmp_path):

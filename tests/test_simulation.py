@@ -112,12 +112,17 @@ def test_the_young_threshold_grows_with_the_frozen_heap():
     from foltr_async.runtime import heap
 
     thresholds = gc.get_threshold()
-    agents = [[i] for i in range(4 * heap.FROZEN_PER_YOUNG * heap.YOUNG_THRESHOLD)]  # tracked
     heap.freeze()
     try:
-        frozen = gc.get_freeze_count()
-        assert frozen >= len(agents)
-        assert gc.get_threshold()[0] == frozen // heap.FROZEN_PER_YOUNG > heap.YOUNG_THRESHOLD
+        small = gc.get_threshold()[0]
+    finally:
+        heap.thaw()
+    agents = [[i] for i in range(4 * heap.BLOCKS_PER_YOUNG * heap.YOUNG_THRESHOLD)]  # tracked
+    heap.freeze()
+    try:
+        young = gc.get_threshold()[0]
+        assert gc.get_freeze_count() >= len(agents)
+        assert young > max(small, heap.YOUNG_THRESHOLD) and young > len(agents) // 16
     finally:
         heap.thaw()
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
@@ -151,6 +156,35 @@ def test_release_returns_a_finished_runs_freed_heap_pages_to_the_system():
     kept, released = map(int, out.split())
     assert kept > 200_000  # kB: glibc keeps the 256 MB the blocks were freed from
     assert released < kept - 200_000
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the size from /proc")
+def test_release_collects_once_the_process_has_grown_not_after_every_small_run():
+    """A full collection rescans every live object: a small run's few cycles wait for the
+    collector's schedule, a run that held hundreds of MB in cycles is freed at once."""
+    import weakref
+
+    from foltr_async.runtime import heap
+
+    class Node:
+        pass
+
+    def cycle(payload) -> weakref.ref:
+        node = Node()
+        node.me, node.payload = node, payload
+        return weakref.ref(node)
+
+    gc.disable()  # no automatic collection in between: release alone decides
+    try:
+        heap.release(force=True)
+        small = cycle(np.ones(1000))
+        heap.release()
+        assert small() is not None  # left for later: not worth a full collection
+        big = cycle(np.ones(20_000_000))  # 160 MB
+        heap.release()
+        assert small() is None and big() is None
+    finally:
+        gc.enable()
 
 
 def test_same_seed_gives_identical_results_and_another_seed_does_not(scenario_file):

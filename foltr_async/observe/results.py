@@ -6,8 +6,8 @@ The numbers (results.json, curves.csv, summary.md) are rewritten after every fin
 exactly the repeats it finished, marked ``"complete": false``. results.json is written first and
 the figures last: a plotting failure is logged and never costs the numbers. A figure (0.3-1 CPU
 s as PDF and 300-dpi PNG) is redrawn after a repeat only while drawing stays under a tenth of
-the wall time since the last drawing, and always at ``run_done``, so short repeats are not
-dominated by matplotlib.
+the wall time since the last drawing (the first time 30 s into the run), and always at
+``run_done``, so short repeats and short runs are not dominated by matplotlib.
 """
 
 from __future__ import annotations
@@ -506,6 +506,10 @@ def render_curves_csv(results: dict) -> str:
     return buf.getvalue()
 
 
+#: What the first drawing of a run's figures is taken to cost, in seconds (``_plot_due``)
+FIRST_PLOT_S = 3.0
+
+
 class ResultsWriter(Observer):
     """Observer that keeps results.json, curves.csv, summary.md and the figures up to date.
 
@@ -578,6 +582,10 @@ class ResultsWriter(Observer):
         }
         self._complete = False
         self.write(plot=False)
+        # the first figures of a run that is still going: not before ten times a first
+        # drawing's cost (matplotlib's import and two formats, ~3 s) has passed; a short run
+        # draws once, at its end
+        self._plotted_at, self._plot_cost = time.monotonic(), FIRST_PLOT_S
 
     def repeat_done(self, variant: str, repeat: int, result: dict) -> None:
         self.add(variant, repeat, result)
