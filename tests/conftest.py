@@ -7,6 +7,11 @@ import pytest
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # as the CLI does: small per-query products, one loop
 
+# the commands the tests start import this checkout's code, whichever checkout the package was
+# installed from (a subprocess started in a temporary folder would import the installed one)
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+
 
 def pytest_configure(config):
     """The protocols register their names before any test reads a scenario (as the command
