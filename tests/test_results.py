@@ -98,7 +98,7 @@ def test_complete_run_writes_every_file(writer):
     assert comp["variant"] == "better" and comp["reference"] == "base" and comp["n"] == 3
     assert comp["diff_mean"] == pytest.approx(np.mean(np.subtract(finals, base_finals)))
     assert comp["p_value"] == pytest.approx(sps.ttest_rel(finals, base_finals).pvalue)
-    assert "ttest_rel" in comp["test"]
+    assert "paired t-test (two-sided" in comp["test"]
     assert res["conclusions"] == ["1 variant compared to base"]
 
     md = (out / "summary.md").read_text()

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy import optimize as _sps_opt
-from scipy import stats as _sps
+from scipy import special as _special  # Student's t: ~0.45 CPU s less to import than stats
 
-PAIRED_TEST = "paired t-test (scipy.stats.ttest_rel, two-sided), repeats paired by seed"
+PAIRED_TEST = (
+    "paired t-test (two-sided, as scipy.stats.ttest_rel; Student's t from scipy.special), "
+    "repeats paired by seed"
+)
 
 
 def _finite(values: Iterable[float | None]) -> np.ndarray:
@@ -49,7 +51,8 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> tuple[float | None, f
     diff = float(d.mean())
     if d.size < 2 or float(d.std()) <= 1e-12 * max(1.0, abs(diff)):
         return diff, None
-    p = float(_sps.ttest_rel(x[keep], y[keep]).pvalue)
+    t = diff / np.sqrt(np.var(d, ddof=1) / d.size)
+    p = float(2.0 * _special.stdtr(d.size - 1, -abs(t)))
     return diff, (p if np.isfinite(p) else None)
 
 
@@ -70,17 +73,21 @@ def detectable_difference(
     if sd_diff <= 0:
         return 0.0
     df = n - 1
-    crit = float(_sps.t.ppf(1 - alpha / 2, df))
+    crit = float(_special.stdtrit(df, 1 - alpha / 2))
 
     def shortfall(effect: float) -> float:
+        """Power at ``effect`` standard deviations, less the wanted power (increasing)."""
         nc = effect * np.sqrt(n)
-        wrong_side = float(_sps.nct.cdf(-crit, df, nc))  # NaN far out, where it is ~0
-        return float(_sps.nct.sf(crit, df, nc)) + np.nan_to_num(wrong_side) - power
+        wrong_side = float(_special.nctdtr(df, nc, -crit))  # NaN far out, where it is ~0
+        return 1.0 - float(_special.nctdtr(df, nc, crit)) + np.nan_to_num(wrong_side) - power
 
-    hi = 1.0
+    lo, hi = 0.0, 1.0
     while shortfall(hi) < 0:
-        hi *= 2
-    return float(_sps_opt.brentq(shortfall, 0.0, hi, xtol=1e-10)) * sd_diff
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-10:  # bisection: the power grows with the effect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if shortfall(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2 * sd_diff
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
