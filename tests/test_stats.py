@@ -100,3 +100,25 @@ def test_detectable_difference_grows_with_a_stricter_alpha_and_fewer_pairs():
     assert detectable_difference(0.0, 5) == 0.0
     with pytest.raises(ValueError):
         detectable_difference(0.01, 5, power=1.0)
+
+
+def test_paired_test_equals_scipy_up_to_float_rounding_on_random_pairs():
+    """The p-value comes from scipy.special's Student's t (scipy.stats is not imported by a
+    run): the same number as ``scipy.stats.ttest_rel``, whatever the n and the spread."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(2, 60))
+        a = rng.normal(size=n)
+        b = a + rng.normal(rng.normal() * 0.3, rng.uniform(0.01, 2.0), size=n)
+        _, p = paired_test(a, b)
+        assert p == pytest.approx(sps.ttest_rel(a, b).pvalue, rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("n", [2, 5, 25, 400])
+@pytest.mark.parametrize("power", [0.5, 0.8, 0.95])
+def test_detectable_difference_equals_the_noncentral_t_solution(n, power):
+    crit = sps.t.ppf(0.975, n - 1)
+    delta = detectable_difference(1.0, n, power=power)
+    nc = delta * math.sqrt(n)
+    reached = sps.nct.sf(crit, n - 1, nc) + np.nan_to_num(sps.nct.cdf(-crit, n - 1, nc))
+    assert reached == pytest.approx(power, abs=1e-8)
