@@ -168,8 +168,8 @@ def render(evaluated: list[Evaluated], records: dict[str, Record]) -> str:
         "when this file differs from what the records give.",
         "",
         "How the runs are made (data, metrics, statistics, running the whole set), each study's "
-        "settings and departures, and the investigations behind them are in "
-        "[REPRODUCTION-NOTES.md](REPRODUCTION-NOTES.md).",
+        "settings and departures are in [REPRODUCTION-NOTES.md](REPRODUCTION-NOTES.md); the "
+        "investigations behind them in [INVESTIGATIONS.md](INVESTIGATIONS.md).",
         "",
         "Verdicts: " + ", ".join(f"{v} {counts[v]}" for v in VOCABULARY) + ".",
         "",
