@@ -47,7 +47,6 @@ class Client(OnlineClient):
 
     @handles(MODEL)
     async def on_model(self, env) -> None:
-        self.users.round = env.round
         weights = await self.make_update(env.round, env.body["params"])
         body = {"params": weights, "n_interactions": self.interactions}
         self.reply(env.src, UPDATE, body, env.round)  # masked under secure aggregation

@@ -33,7 +33,7 @@ class ProtocolEntry:
     build: Callable[
         ..., Any
     ]  #: bytes of the largest message a run may send, from the variant's config and its data
-    #: (``simulation.model_message_bytes`` for model-sized messages); a ZeroMQ server refuses
+    #: (``contract.model_message_bytes`` for model-sized messages); a ZeroMQ server refuses
     #: bigger frames. None: unknown, the codec's 16 MB limit applies.
     wire_bytes: Callable[[dict, Any], int] | None = None
     #: its authors' MLP ranker choices (``activation``, ``init``), used where the scenario's

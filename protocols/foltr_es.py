@@ -345,7 +345,6 @@ class ESClient(OnlineClient):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         theta = env.body["params"]
-        self.users.round = env.round
         seed = self._draw_seed()
         n_minus = self.batch // 2 if self.antithetic else 0
         self.truth = []

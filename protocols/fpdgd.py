@@ -192,7 +192,6 @@ class FPDGDClient(OnlineClient):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         users = self.users
-        users.round = env.round
         if env.body.get("shares"):
             self.shares = env.body["shares"]
         if users.arrivals is not None:  # a replayed log: the queries issued since last time
@@ -216,7 +215,6 @@ class FPDGDClient(OnlineClient):
         """Unlearning: n' local steps from the re-trained model, calibrated to the stored norm."""
         stored = self.stored.get(env.body["stored_round"])
         start = env.body["params"]
-        self.users.round = env.round
         if stored is None:  # not selected (or not yet joined) in that round: nothing to replay
             update, n = np.zeros_like(start), 0
         else:

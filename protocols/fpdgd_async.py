@@ -174,7 +174,6 @@ class AsyncFPDGDClient(FPDGDClient):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         start = env.body["params"]
-        self.users.round = env.round
         if self.users.arrivals is not None:
             n = await self.issued_queries()
             if n == 0:  # the user's log has ended: no update

@@ -56,6 +56,12 @@ class OnlineClient(Agent):
         #: interactions of the training under way: the batch, or fewer (FLGo completeness)
         self.interactions = self.batch
 
+    async def dispatch(self, env) -> None:
+        """Handle ``env`` with the users in its round: the runtime sets the round the rankings
+        shown while handling it belong to (the online metric's order), not each handler."""
+        self.learner.users.round = env.round
+        await super().dispatch(env)
+
     @property
     def ranker(self):
         return self.learner.ranker

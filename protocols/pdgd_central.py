@@ -65,7 +65,6 @@ class LoggingClient(OnlineClient):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         self.ranker.set_params(env.body["params"])
-        self.users.round = env.round
         queries, rankings, clicks = await self.learner.show(self.batch)
         self.send(
             env.src, LOG, {"queries": queries, "rankings": rankings, "clicks": clicks}, env.round

@@ -277,3 +277,13 @@ def test_partition_gives_each_client_its_own_queries(scenario_file):
     owned = [set(sim.agents[a].learner.users.queries.tolist()) for a in sim.groups["clients"]]
     assert sum(len(s) for s in owned) == len(set().union(*owned)) == 69
     assert np.all([len(s) >= 13 for s in owned])
+
+
+def test_the_runtime_puts_each_ranking_shown_in_the_round_of_the_message_served(scenario_file):
+    """A client's handler never sets its users' round: the rankings it shows while serving a
+    round's model count toward that round (clients x B of them in each of rounds 1..R)."""
+    cfg = load_scenario(scenario_file, ["federation.deadline=10000.0"]).variants["fpdgd"]
+    _, sim = simulate(cfg)
+    rounds = [r for r, _, _ in sim.probe.records()]
+    assert sorted(set(rounds)) == list(range(1, 21))
+    assert all(rounds.count(r) == 5 * 4 for r in range(1, 21))
