@@ -266,3 +266,48 @@ def test_a_run_takes_the_repeats_a_run_it_reuses_made_with_the_same_settings(tmp
     )
     after = tool("--plan-file", "plan.toml", "--out", "out", "--plan", cwd=tmp_path)
     assert after.returncode == 0 and "--reuse" not in after.stdout
+
+
+def test_a_check_reruns_one_repeat_per_variant_and_marks_an_equal_stale_record_checked(tmp_path):
+    """A record made by other code is stale; --check re-runs its first seed of every variant
+    with this code: equal, the record is checked and current; a record whose numbers this code
+    does not compute is left stale, with exit 1."""
+    from foltr_async.reproduction.records import load_records
+
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "plan.toml").write_text('[[run]]\nfile = "tiny.toml"\nclicks = ["perfect"]\n')
+    made = tool("--plan-file", "plan.toml", "--out", "out", "--record", "rec", cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    path = tmp_path / "rec" / "tiny-perfect.json.gz"
+
+    def rewrite(edit):
+        record = json.loads(gzip.decompress(path.read_bytes()))
+        edit(record)
+        path.write_bytes(gzip.compress(json.dumps(record).encode()))
+
+    def older_code(record):
+        record["files"]["foltr_async/simulation.py"] = "0" * 16
+
+    rewrite(older_code)
+    assert load_records(tmp_path / "rec")["tiny-perfect"].stale
+    ok = tool("--plan-file", "plan.toml", "--out", "out", "--check", "rec", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "checked, seed 0 of every variant: 2 of the 4 repeats equal" in ok.stdout
+    rec = load_records(tmp_path / "rec")["tiny-perfect"]
+    assert not rec.stale and rec.checked["how"].endswith("2 of the 4 repeats")
+    again = tool("--plan-file", "plan.toml", "--out", "out", "--check", "rec", cwd=tmp_path)
+    assert "its record is current, nothing to check" in again.stdout
+
+    def older_code_other_numbers(record):
+        record.pop("checked")
+        older_code(record)
+        record["variants"]["dp"][0]["online"] += 1.0
+
+    rewrite(older_code_other_numbers)
+    differs = tool("--plan-file", "plan.toml", "--out", "out", "--check", "rec", cwd=tmp_path)
+    assert differs.returncode == 1, differs.stdout + differs.stderr
+    assert "dp, seed 0: online differs" in differs.stdout
+    assert "--only tiny-perfect --record" in differs.stdout
+    assert load_records(tmp_path / "rec")["tiny-perfect"].stale
+    refused = tool("--plan-file", "plan.toml", "--check", "--set", "federation.rounds=2")
+    assert refused.returncode == 2 and "not with --set" in refused.stderr

@@ -27,15 +27,20 @@ holds ``tools/repro_table.py``'s table of every finished run of the plan (with `
 ``--record`` writes each finished run's record of results to
 ``reproduce/claims/records/NAME.json.gz`` (``foltr_async.reproduction.records``), which
 ``python -m foltr_async claims`` computes the claims' verdicts from; a dry pass with ``--set``
-is not recorded. A failed run does not stop the others; the exit code is 1 when any failed, 2
-on a bad plan or argument.
+is not recorded. ``--check`` re-runs, for each selected run whose record is stale, the
+record's first fold and seed of every variant with this code into ``OUT/check/``; a re-run
+equal to the record in every field marks the record checked (no longer stale), one that differs
+leaves it stale and says to record the run again. A failed run does not stop the others; the
+exit code is 1 when any failed (or a check differed), 2 on a bad plan or argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -50,7 +55,14 @@ from foltr_async.errors import FoltrError  # noqa: E402
 from foltr_async.ltr import threads  # noqa: E402
 from foltr_async.observe.results import load_results  # noqa: E402
 from foltr_async.provenance import check_same_code  # noqa: E402
-from foltr_async.reproduction.records import make_record, write_record  # noqa: E402
+from foltr_async.reproduction.records import (  # noqa: E402
+    checked_record,
+    load_records,
+    make_record,
+    repeat_name,
+    sample_of,
+    write_record,
+)
 
 CLICK_MODELS = ("perfect", "navigational", "informational")
 TOOLS = Path(__file__).parent
@@ -285,6 +297,54 @@ def record(run: Run, out: Path, folder: Path) -> None:
     print(f"  recorded: {write_record(rec, folder)}", flush=True)
 
 
+def check(runs: list[Run], out: Path, folder: Path, at_once: int, jobs: int, n_threads: int) -> int:
+    """Check the stale records of ``runs`` (see the module): 1 when a re-run differs or
+    fails, else 0."""
+    records = load_records(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    todo, going, bad = [], {}, []
+    for run in runs:
+        rec = records.get(run.name)
+        if rec is None:
+            print(f"{run.name}: no record to check (make it with --record)", flush=True)
+        elif not rec.stale:
+            print(f"{run.name}: its record is current, nothing to check", flush=True)
+        else:
+            todo.append(run)
+    while todo or going:
+        while todo and len(going) < at_once:
+            run = todo.pop(0)
+            fold, seed = sample_of(records[run.name].data)
+            extra = [f"scenario.seed={seed}", "scenario.repeats=1"]
+            extra += [] if fold is None else [f"dataset.folds=[{fold}]"]
+            shutil.rmtree(out / run.name, ignore_errors=True)  # a check's re-run, not a result
+            print(f"{run.name}: re-running {repeat_name(fold, seed)} of every variant", flush=True)
+            started = start(dataclasses.replace(run, reuse=()), out, jobs, extra, n_threads)
+            going[started.proc.pid] = (started, fold, seed)
+        done = wait_any({pid: s for pid, (s, _, _) in going.items()}, out)
+        _, fold, seed = going.pop(done.proc.pid)
+        name, cost = done.run.name, done.record
+        again = f"record it again: python tools/reproduce_all.py --only {name} --record"
+        if cost["exit_code"] != 0 or not finished(out / name):
+            print(f"{name}: the re-run FAILED (see {out / name}.log); {again}", flush=True)
+            bad.append(name)
+            continue
+        rec = records[name].data
+        sample = load_results(out / name)
+        n = sum(len(v["repeats"]) for v in sample["variants"].values())
+        total = sum(len(v) for v in rec["variants"].values())
+        how = f"{repeat_name(fold, seed)} of every variant: {n} of the {total} repeats"
+        costs = {k: cost[k] for k in ("wall_s", "cpu_s", "threads")}
+        try:
+            write_record(checked_record(rec, sample, how, costs), folder)
+        except FoltrError as e:
+            print(f"{name}: {e}; {again}", flush=True)
+            bad.append(name)
+            continue
+        print(f"{name}: checked, {how} equal (CPU {cost['cpu_s']} s)", flush=True)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan-file", type=Path, default=TOOLS / "reproduce_plan.toml")
@@ -308,11 +368,22 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FOLDER",
         help="write each finished run's record of results (default reproduce/claims/records)",
     )
+    ap.add_argument(
+        "--check",
+        type=Path,
+        nargs="?",
+        const=RECORDS,
+        metavar="FOLDER",
+        help="re-run one repeat of every variant of each stale record's run with this code; "
+        "equal to the record, mark it checked (default reproduce/claims/records)",
+    )
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.runs < 1:
         ap.error("--jobs and --runs must be at least 1")
     if args.record and args.set:
         ap.error("--record keeps results of record: not with --set, which departs from the plan")
+    if args.check and (args.set or args.record):
+        ap.error("--check re-runs what the records hold: not with --set or --record")
     plan = runs = load_plan(args.plan_file)
     if args.only:
         runs = [r for r in plan if any(r.name.startswith(o) for o in args.only)]
@@ -331,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         n_threads = threads.per_process(args.runs * args.jobs)
     except FoltrError as e:
         fail(str(e))
+    if args.check:
+        return check(runs, args.out / "check", args.check, args.runs, args.jobs, n_threads)
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     order = longest_first(runs, args.out) if args.runs > 1 else runs

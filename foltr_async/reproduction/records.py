@@ -7,6 +7,12 @@ reads, a few hundred kB for the largest run. It also keeps what made it: the sce
 overrides, the reference variant's settings, the code stamp and a hash of every source file
 that can change a result. A record whose files differ from the checkout's is *stale*: the code
 that made it is not the code that would make it now.
+
+Re-making a record costs its whole run. A *check* re-runs one repeat of every variant (the
+first fold and seed) with the checkout's code and compares it with the record, field by field:
+when every one is equal, the record keeps its numbers and gains ``checked`` (that code's file
+hashes, stamp, date and what was re-run), and is stale again only when a file changes after
+that. A check that finds a difference changes nothing: the run must be recorded again.
 """
 
 from __future__ import annotations
@@ -68,6 +74,56 @@ def make_record(results: dict, name: str, command: str, cost: dict | None = None
     }
 
 
+def sample_of(record: dict) -> tuple[int | None, int]:
+    """The (fold, seed) a check re-runs: the record's first repeat (fold None: no folds)."""
+    first = next(iter(record["variants"].values()))[0]
+    return first["fold"], first["seed"]
+
+
+def repeat_name(fold: int | None, seed: int) -> str:
+    return f"seed {seed}" if fold is None else f"fold {fold}, seed {seed}"
+
+
+def sample_differences(record: dict, sample: dict) -> list[str]:
+    """Where ``sample`` (the results of a re-run of some of the record's repeats) differs from
+    the record: one line per variant and repeat, naming the first field that differs; a variant
+    or repeat of the sample the record lacks is a difference too."""
+    out = []
+    for variant, entry in sample["variants"].items():
+        kept = {(r["fold"], r["seed"]): r for r in record["variants"].get(variant, [])}
+        for rep in map(_repeat, entry["repeats"]):
+            key = rep["fold"], rep["seed"]
+            old = kept.get(key)
+            where = f"{variant}, {repeat_name(*key)}"
+            if old is None:
+                out.append(f"{where}: not in the record")
+                continue
+            fields = [f for f in rep if f != "wall_s" and rep[f] != old.get(f)]
+            if fields:
+                out.append(f"{where}: {fields[0]} differs")
+    if not any(entry["repeats"] for entry in sample["variants"].values()):
+        out.append("the re-run has no repeats")
+    return out
+
+
+def checked_record(record: dict, sample: dict, how: str, cost: dict | None = None) -> dict:
+    """``record`` with ``checked``: this checkout's code re-ran ``how`` (results ``sample``)
+    and computed every field the record holds of those repeats (``sample_differences`` empty)."""
+    if problems := sample_differences(record, sample):
+        raise FoltrError(f"record {record['run']}: the re-run differs: {problems[0]}")
+    check_same_code(sample, record["run"], "check")
+    return {
+        **record,
+        "checked": {
+            "made": _dt.date.today().isoformat(),
+            "how": how,
+            "code": sample.get("code", {}),
+            "files": source_hashes(),
+            "cost": cost or {},
+        },
+    }
+
+
 def write_record(record: dict, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{record['run']}.json.gz"
@@ -86,6 +142,11 @@ class Record:
     def stale(self) -> bool:
         return bool(self.changed)
 
+    @property
+    def checked(self) -> dict | None:
+        """The last check of the record by other code than made it (see the module)."""
+        return self.data.get("checked")
+
     def repeats(self, variant: str) -> list[dict] | None:
         return self.data["variants"].get(variant)
 
@@ -97,7 +158,7 @@ def load_records(folder: Path) -> dict[str, Record]:
     for path in sorted(folder.glob("*.json.gz")):
         try:
             data = json.loads(gzip.decompress(path.read_bytes()))
-            files = data["files"]
+            files = (data.get("checked") or data)["files"]  # the code last seen to agree
             name = data["run"]
         except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
             raise FoltrError(f"{path}: not a record ({type(e).__name__}: {e})") from None

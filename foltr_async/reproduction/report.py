@@ -249,16 +249,20 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
             continue
         d = rec.data
         code = d.get("code", {})
-        out.append(
+        line = (
             f"- `{d.get('command', '')}`: recorded {d.get('made')} at "
             f"{code.get('commit', '?')[:10]}, {_compute(d)}"
-            + (
-                f"; stale, changed since: {', '.join(rec.changed[:5])}"
-                + (" ..." if len(rec.changed) > 5 else "")
-                if rec.stale
-                else ""
-            )
         )
+        if rec.checked:
+            chk = rec.checked
+            line += (
+                f"; checked {chk['made']} at {chk['code'].get('commit', '?')[:10]}: "
+                f"{chk['how']} computed again, equal"
+            )
+        if rec.stale:
+            line += f"; stale, changed since: {', '.join(rec.changed[:5])}"
+            line += " ..." if len(rec.changed) > 5 else ""
+        out.append(line)
     return out
 
 
