@@ -198,17 +198,19 @@ def not_as_asked(variants: dict[str, dict]) -> dict[str, list[str]]:
     return {"lines": lines, "no_clients": none}
 
 
+def repeat_curve(rep: dict, metric: str) -> tuple[list[int], list]:
+    """A repeat's evaluated rounds and ``metric`` values, from round 0 (the model before any
+    training) where the repeat recorded it."""
+    start = (rep.get("initial") or {}).get(metric)
+    first = [] if start is None else [start]
+    values = (rep.get("offline") or {}).get(metric) or []
+    return [0] * len(first) + list(rep.get("rounds") or []), first + list(values)
+
+
 def _curve(repeats: list[dict], metric: str) -> dict:
-    """The mean curve over the repeats that measured ``metric``, from round 0 (the model
-    before any training) where a repeat recorded it."""
-    with_curve = [rep for rep in repeats if _measured(rep, metric)]
-    rounds, values = [], []
-    for rep in with_curve:
-        start = (rep.get("initial") or {}).get(metric)
-        first = [] if start is None else [start]
-        rounds.append([0] * len(first) + list(rep.get("rounds", [])))
-        values.append(first + list(rep["offline"][metric]))
-    return curve(rounds, values)
+    """The mean curve over the repeats that measured ``metric``, from round 0."""
+    pairs = [repeat_curve(rep, metric) for rep in repeats if _measured(rep, metric)]
+    return curve([r for r, _ in pairs], [v for _, v in pairs])
 
 
 def summarise_variant(repeats: list[dict], metric: str) -> dict:
@@ -494,11 +496,8 @@ def render_curves_csv(results: dict) -> str:
     w.writerow(CSV_HEADER)
     for name, entry in results.get("variants", {}).items():
         for rep in entry["repeats"]:
-            rounds = rep.get("rounds") or []
-            initial = rep.get("initial") or {}
-            for m, values in (rep.get("offline") or {}).items():
-                if initial.get(m) is not None:
-                    w.writerow((name, rep.get("repeat"), rep.get("seed"), 0, m, initial[m]))
+            for m in rep.get("offline") or {}:
+                rounds, values = repeat_curve(rep, m)
                 w.writerows(
                     (name, rep.get("repeat"), rep.get("seed"), r, m, "" if v is None else v)
                     for r, v in zip(rounds, values, strict=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import os
+import mmap
 import sys
 from collections.abc import Callable
 from functools import cache, lru_cache
@@ -70,9 +70,7 @@ def _raise_young() -> None:
     with its agents, and with a fixed threshold so do its young, middle and full collections:
     62,500 clients spent ~1.2 CPU s of a ~9 s round in them. (``gc.get_freeze_count`` walks
     the frozen heap: ~20 ms twice a repeat, a tenth of a short repeat.)"""
-    blocks = getattr(sys, "getallocatedblocks", None)
-    size = blocks() // BLOCKS_PER_YOUNG if blocks else gc.get_freeze_count() // 4
-    young = max(YOUNG_THRESHOLD, _thresholds[0], size)
+    young = max(YOUNG_THRESHOLD, _thresholds[0], sys.getallocatedblocks() // BLOCKS_PER_YOUNG)
     gc.set_threshold(young, *_thresholds[1:])
 
 
@@ -116,14 +114,9 @@ def _resident() -> int | None:
     """Resident bytes of this process (Linux ``/proc``; None elsewhere)."""
     try:
         with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _page_size()
+            return int(fh.read().split()[1]) * mmap.PAGESIZE
     except (OSError, ValueError, IndexError):
         return None
-
-
-@cache
-def _page_size() -> int:
-    return os.sysconf("SC_PAGE_SIZE")
 
 
 def release(force: bool = False) -> None:
