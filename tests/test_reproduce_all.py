@@ -311,3 +311,32 @@ def test_a_check_reruns_one_repeat_per_variant_and_marks_an_equal_stale_record_c
     assert load_records(tmp_path / "rec")["tiny-perfect"].stale
     refused = tool("--plan-file", "plan.toml", "--check", "--set", "federation.rounds=2")
     assert refused.returncode == 2 and "not with --set" in refused.stderr
+
+
+def test_ctrl_c_stops_the_runs_going_and_says_how_to_resume(tmp_path):
+    """SIGINT to the tool alone (not its process group): the run it started stops too, and the
+    tool exits 130 with one line, no traceback."""
+    import signal
+    import time
+
+    (tmp_path / "long.toml").write_text(TINY.replace("rounds = 4", "rounds = 100000"))
+    (tmp_path / "plan.toml").write_text('[[run]]\nfile = "long.toml"\n')
+    proc = subprocess.Popen(
+        [sys.executable, str(TOOL), "--plan-file", "plan.toml", "--out", "out"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = tmp_path / "out" / "long.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0):
+        time.sleep(0.2)  # the run has started and written its first lines
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "interrupted: runs stopped (long)" in out and "Traceback" not in out + err
+    log_text = log.read_text()  # the run itself was interrupted and kept what it had
+    assert log_text.rstrip().endswith("interrupted: results written so far are kept"), log_text
+    assert (tmp_path / "out" / "long" / "results.json").exists()

@@ -30,7 +30,9 @@ holds ``tools/repro_table.py``'s table of every finished run of the plan (with `
 is not recorded. ``--check`` re-runs, for each selected run whose record is stale, the
 record's first fold and seed of every variant with this code into ``OUT/check/``; a re-run
 equal to the record in every field marks the record checked (no longer stale), one that differs
-leaves it stale and says to record the run again. A failed run does not stop the others; the
+leaves it stale and says to record the run again. Ctrl-C stops the runs going (each keeps
+the repeats it finished) and exits 130; the same command resumes. A failed run does not stop
+the others; the
 exit code is 1 when any failed (or a check differed), 2 on a bad plan or argument.
 """
 
@@ -41,6 +43,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -297,12 +300,12 @@ def record(run: Run, out: Path, folder: Path) -> None:
     print(f"  recorded: {write_record(rec, folder)}", flush=True)
 
 
-def check(runs: list[Run], out: Path, folder: Path, at_once: int, jobs: int, n_threads: int) -> int:
+def check(runs: list[Run], out: Path, folder: Path, args, n_threads: int, going: dict) -> int:
     """Check the stale records of ``runs`` (see the module): 1 when a re-run differs or
     fails, else 0."""
     records = load_records(folder)
     out.mkdir(parents=True, exist_ok=True)
-    todo, going, bad = [], {}, []
+    todo, bad, where = [], [], {}
     for run in runs:
         rec = records.get(run.name)
         if rec is None:
@@ -312,18 +315,19 @@ def check(runs: list[Run], out: Path, folder: Path, at_once: int, jobs: int, n_t
         else:
             todo.append(run)
     while todo or going:
-        while todo and len(going) < at_once:
+        while todo and len(going) < args.runs:
             run = todo.pop(0)
             fold, seed = sample_of(records[run.name].data)
             extra = [f"scenario.seed={seed}", "scenario.repeats=1"]
             extra += [] if fold is None else [f"dataset.folds=[{fold}]"]
             shutil.rmtree(out / run.name, ignore_errors=True)  # a check's re-run, not a result
             print(f"{run.name}: re-running {repeat_name(fold, seed)} of every variant", flush=True)
-            started = start(dataclasses.replace(run, reuse=()), out, jobs, extra, n_threads)
-            going[started.proc.pid] = (started, fold, seed)
-        done = wait_any({pid: s for pid, (s, _, _) in going.items()}, out)
-        _, fold, seed = going.pop(done.proc.pid)
+            started = start(dataclasses.replace(run, reuse=()), out, args.jobs, extra, n_threads)
+            going[started.proc.pid] = started
+            where[run.name] = fold, seed
+        done = wait_any(going, out)
         name, cost = done.run.name, done.record
+        fold, seed = where[name]
         again = f"record it again: python tools/reproduce_all.py --only {name} --record"
         if cost["exit_code"] != 0 or not finished(out / name):
             print(f"{name}: the re-run FAILED (see {out / name}.log); {again}", flush=True)
@@ -402,13 +406,38 @@ def main(argv: list[str] | None = None) -> int:
         n_threads = threads.per_process(args.runs * args.jobs)
     except FoltrError as e:
         fail(str(e))
-    if args.check:
-        return check(runs, args.out / "check", args.check, args.runs, args.jobs, n_threads)
+    going: dict[int, Started] = {}
+    try:
+        if args.check:
+            return check(runs, args.out / "check", args.check, args, n_threads, going)
+        return play(runs, plan, args, n_threads, going)
+    except KeyboardInterrupt:
+        return interrupted(going)
+
+
+def interrupted(going: dict[int, Started]) -> int:
+    """Ctrl-C: each run going gets it too (and keeps the repeats it finished); wait for them
+    to stop, so none is left running, then say how to resume."""
+    for started in going.values():
+        if started.proc.poll() is None:
+            started.proc.send_signal(signal.SIGINT)
+    for started in going.values():
+        try:
+            started.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            started.proc.kill()
+            started.proc.wait()
+    names = ", ".join(s.run.name for s in going.values()) or "none"
+    print(f"interrupted: runs stopped ({names}); run the same command again to resume", flush=True)
+    return 130
+
+
+def play(runs: list[Run], plan: list[Run], args, n_threads: int, going: dict) -> int:
+    """Run ``runs`` (``args.runs`` at once), record them when asked, write the plan's report."""
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     order = longest_first(runs, args.out) if args.runs > 1 else runs
     heads = {run.name: f"[{i}/{len(runs)}] {run.name}" for i, run in enumerate(order, 1)}
-    going: dict[int, Started] = {}
     todo = list(order)
     while todo or going:
         while todo and len(going) < args.runs:
