@@ -32,8 +32,8 @@ record's first fold and seed of every variant with this code into ``OUT/check/``
 equal to the record in every field marks the record checked (no longer stale), one that differs
 leaves it stale and says to record the run again. Ctrl-C stops the runs going (each keeps
 the repeats it finished) and exits 130; the same command resumes. A failed run does not stop
-the others; the
-exit code is 1 when any failed (or a check differed), 2 on a bad plan or argument.
+the others; the exit code is 1 when any failed (or a check differed), 2 on a bad plan or
+argument.
 """
 
 from __future__ import annotations
