@@ -39,11 +39,29 @@ COMMANDS = (
     "keys",
     "merge",
     "claims",
+    "audit",
 )
 
 
-def _run_parser(serve: bool = False) -> argparse.ArgumentParser:
-    if serve:
+def _refuse_unaudited(scenario) -> None:
+    """``audit``: every variant runs a canary and an auditor (else it audits nothing)."""
+    for name, cfg in scenario.variants.items():
+        behaviours = {g["behaviour"] for g in cfg["agents"]}
+        if not {"canary", "auditor"} <= behaviours:
+            raise FoltrError(
+                f"{scenario.path}: variant {name!r}: expected [[agents]] groups with behaviour "
+                "'canary' and 'auditor' (docs/PROTOCOLS.md, Privacy auditing)"
+            )
+
+
+def _run_parser(serve: bool = False, audit: bool = False) -> argparse.ArgumentParser:
+    if audit:
+        p = argparse.ArgumentParser(
+            prog="python -m foltr_async audit",
+            description="Run a scenario whose variants have canaries and auditors and print "
+            "each mechanism's empirical epsilon lower bound beside its claimed epsilon.",
+        )
+    elif serve:
         p = argparse.ArgumentParser(
             prog="python -m foltr_async serve",
             description="Run a scenario's server side; workers host the clients "
@@ -299,6 +317,8 @@ def _main(argv: list[str] | None) -> int:
                 return _cmd_run(rest)
             if cmd == "serve":
                 return _cmd_run(rest, serve=True)
+            if cmd == "audit":
+                return _cmd_run(rest, audit=True)
             return {
                 "new": _cmd_new,
                 "validate": _cmd_validate,
@@ -320,8 +340,8 @@ def _main(argv: list[str] | None) -> int:
         return 130
 
 
-def _cmd_run(argv: list[str], serve: bool = False) -> int:
-    args = _run_parser(serve).parse_args(argv)
+def _cmd_run(argv: list[str], serve: bool = False, audit: bool = False) -> int:
+    args = _run_parser(serve, audit).parse_args(argv)
     if not serve:
         _check_parallel(args)
     if serve:
@@ -333,6 +353,8 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
     from foltr_async.scenario.load import load_scenario
 
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
+    if audit:
+        _refuse_unaudited(scenario)
     from foltr_async.preflight import check_scenario
 
     if args.checkpoint_every < 0:
@@ -397,6 +419,10 @@ def _cmd_run(argv: list[str], serve: bool = False) -> int:
         return _internal_error(e, out)
     print(f"results: {out}")
     for line in results.get("conclusions", []):
+        print(f"  {line}")
+    from foltr_async.observe.audit import audit_lines
+
+    for line in audit_lines(results.get("audit") or {}):
         print(f"  {line}")
     from foltr_async.observe.results import not_as_asked
 

@@ -40,6 +40,7 @@ BUILTIN = (
     "foltr_async.protocols.noniid",
     "foltr_async.protocols.attacks",
     "foltr_async.protocols.eavesdrop",
+    "foltr_async.protocols.audit",
     "foltr_async.protocols.secagg",
     "foltr_async.protocols.csfltr",
 )

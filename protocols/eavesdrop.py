@@ -237,7 +237,7 @@ class FPDGDEavesdropper(TapEavesdropper):
             self.missed += 1
             return
         estimate = decode(data).body["params"] - start
-        _, true_update, issued = truth
+        _, true_update, issued, _ = truth
         if not true_update.any():
             self.zero_updates += 1
             return

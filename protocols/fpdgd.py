@@ -184,8 +184,13 @@ class FPDGDClient(OnlineClient):
         theta = await super().make_update(round, start)
         if oracle:
             # oracle truth for eavesdroppers' scores (latest per client): the pre-noise local
-            # update and the queries it came from
-            users.probe.oracle[UPDATE, self.id] = (round, theta - start, users.issued)
+            # update, the queries it came from and its FedAvg weight (an auditor's knowledge)
+            users.probe.oracle[UPDATE, self.id] = (
+                round,
+                theta - start,
+                users.issued,
+                self.interactions,
+            )
         return self.privatise(theta)
 
     @handles(MODEL)

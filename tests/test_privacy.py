@@ -174,7 +174,7 @@ def fpdgd_run(tmp_path, rounds=40, params="", federation="", network="", configu
 
     def on_update(data, header):
         sent = decode(data).body["params"]
-        _, update, _ = sim.probe.oracle[fpdgd.UPDATE, header.src]
+        _, update, _, _ = sim.probe.oracle[fpdgd.UPDATE, header.src]
         clean = start[header.round] + update  # the clipped local model before its noise
         weights.setdefault(header.round, {})[header.src] = clean
         noise.setdefault(header.round, {})[header.src] = sent - clean

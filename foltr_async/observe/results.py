@@ -26,6 +26,7 @@ import structlog
 
 from foltr_async.errors import FoltrError
 from foltr_async.ltr.metrics import ONLINE_GAMMA
+from foltr_async.observe.audit import audit_results, plot_audit, render_audit_md
 from foltr_async.observe.log import jsonable
 from foltr_async.observe.observer import Observer
 from foltr_async.observe.plots import metric_label, plot_curves, scenario_question
@@ -67,6 +68,7 @@ OWN_KEYS = (
     "equal_time",
     "equal_interactions",
     "code",
+    "audit",
 )
 #: Offline metrics defined by relevance labels: a repeat whose held-out queries have no
 #: relevant document measured nothing in them (MaxRR follows the click model and still does).
@@ -446,6 +448,7 @@ def render_summary_md(results: dict) -> str:
         lines.append(
             f"| {name} | {final} | {delta} | {cells}{online} | {empty} | {msgs} | {wall} |"
         )
+    lines += render_audit_md(results.get("audit") or {})
     conclusions = results.get("conclusions") or []
     if conclusions:
         lines += ["", "## Conclusions", ""] + [f"- {c}" for c in conclusions]
@@ -651,6 +654,9 @@ class ResultsWriter(Observer):
             res["not_as_asked"] = unmet
         if self.code is not None:
             res["code"] = self.code
+        audit = audit_results(variants)
+        if audit:  # canaries and auditors ran: the empirical epsilon beside the claimed one
+            res["audit"] = audit
         if is_timed(variants):  # asynchronous variants: at equal simulated time, interactions
             for axis, key in AXES.items():
                 res[key] = at_common(variants, self.metric, axis)
@@ -683,6 +689,8 @@ class ResultsWriter(Observer):
             start = time.monotonic()
             try:
                 plot_curves(res, self.png_path, metric=self.metric)
+                if res.get("audit"):
+                    plot_audit(res["audit"], self.out_dir / "audit.png")
                 for m in EXTRA_CURVES:
                     if any(m in v["summary"]["curves"] for v in res["variants"].values()):
                         plot_curves(res, self.out_dir / f"curves-{m}.png", metric=m)
