@@ -71,8 +71,8 @@ def _run_parser(serve: bool = False, audit: bool = False) -> argparse.ArgumentPa
         p = argparse.ArgumentParser(
             prog="python -m foltr_async",
             description="Run a federated online learning-to-rank scenario. Other commands: "
-            "new NAME --protocol P, validate SCENARIO, list, dataset make|check, traces "
-            "import, bench, serve, join, keys, merge.",
+            "audit SCENARIO, new NAME --protocol P, validate SCENARIO, list, dataset "
+            "make|check, traces import, bench, serve, join, keys, merge, claims.",
         )
     p.add_argument("scenario", type=Path, help="scenario TOML file")
     p.add_argument("--version", action="version", version=f"foltr-async {__version__}")

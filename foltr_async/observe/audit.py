@@ -324,10 +324,10 @@ def plot_audit(audit: dict, path: Path) -> Path | None:
     y = np.arange(len(rows))[::-1]
     ax.barh(y, claimed, height=0.6, color="0.85", edgecolor="0.4", label="claimed (accountant)")
     ax.plot(lower, y, "o", color="C3", label="audited lower bound")
-    for yi, c in zip(y, claimed, strict=True):
-        if math.isnan(c):
+    for yi, c, lo in zip(y, claimed, lower, strict=True):
+        if math.isnan(c):  # the accountant bounds nothing for this view
             ax.annotate(
-                "unbounded", (0, yi), xytext=(4, -3), textcoords="offset points", fontsize="small"
+                "no claim", (lo, yi), xytext=(8, -3), textcoords="offset points", fontsize="small"
             )
     ax.set_yticks(y, labels, fontsize="small")
     ax.set_xlabel("epsilon")
