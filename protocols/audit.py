@@ -30,20 +30,31 @@ true level is the lowest or the highest by its bit, privatised by the protocol's
 response, one release per antithetic half; the attacker reads the message. Claim: the epsilon per
 privatised value (``privacy.epsilon``), and per run the canary's composed figure.
 
-Not covered: FedIPS and CS-F-LTR's sketch noise (no canary here), what selection itself reveals
-(the auditor knows who took part), and runs whose messages are lost (the aggregate view assumes
-every client that trained in a round was aggregated: ``network.loss`` must be 0).
+CS-F-LTR (one shared Laplace(1/epsilon) draw per term-frequency answer;
+``federation.params.canary = true``): party 0 answers as a canary owner
+(``protocols/csfltr/canary.py``: one more occurrence of the answer's canary term in its first
+document, by a fresh bit per answer); the auditor reads its answers, knowing their counts without
+the canary. ``view = "estimate"``: the canary term's estimate, the median over its rows (the
+release the guarantee is stated for; claim: ``csfltr.params.epsilon``); ``view = "answer"``:
+every entry (no claim: the noise is shared, so contrasting entries removes it).
+
+Not covered: FedIPS (no DP mechanism there), CS-F-LTR's noisy collection statistics and reverse
+top-K answers, what the selection of clients reveals, and FPDGD runs that lose messages (the
+aggregate view assumes every client that trained in a round was aggregated: ``network.loss``
+must be 0).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from foltr_async.errors import ScenarioError
-from foltr_async.protocols import foltr_es, fpdgd
+from foltr_async.protocols import csfltr, foltr_es, fpdgd
+from foltr_async.protocols.canary_truth import CANARY_TRUTH, CanaryTruth
+from foltr_async.protocols.csfltr.canary import BODY
+from foltr_async.protocols.csfltr.messages import TF_ANSWER
 from foltr_async.protocols.eavesdrop import TapEavesdropper
 from foltr_async.protocols.foltr_es import ESClient
 from foltr_async.protocols.fpdgd import FPDGDClient
@@ -57,22 +68,12 @@ from foltr_async.scenario.fields import param, parameters
 
 CANARY = "canary"
 AUDITOR = "auditor"
-#: the oracle key of a canary's secret bits: (CANARY_TRUTH, canary id) -> CanaryTruth
-CANARY_TRUTH = "audit.canary"
-#: where the accountant's claims are in a repeat's results (``observe.audit`` reads them)
+#: where a repeat's results hold a canary's run epsilon (``observe.audit`` reads it)
 RUN_CLAIM = {
     "path": ["privacy", "per_client"],
     "accountants": ["basic", "rdp", "pld"],
     "delta": ["privacy", "delta"],
 }
-
-
-@dataclass
-class CanaryTruth:
-    """A canary's secret: the bit of each release (round, slot), and its FedAvg weight."""
-
-    bits: dict[tuple[int, int], int] = field(default_factory=dict)
-    weight: dict[int, int] = field(default_factory=dict)
 
 
 def canary_ids(ctx) -> list[str]:
@@ -175,13 +176,17 @@ class Auditor(TapEavesdropper):
     threat = ""
 
     def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
-        self.canaries = canary_ids(ctx)
+        self.canaries = self.canary_ids(ctx)
         if not self.canaries:
             raise ScenarioError("agents: auditor: expected a canary group in [[agents]]")
-        super().__init__(agent_id, ctx, self.canaries if view == "link" else None)
+        # the canaries' own links, or every link (the aggregate view reads the broadcasts)
+        super().__init__(agent_id, ctx, None if view == "aggregate" else self.canaries)
         self.view, self.bits, self.confidence = view, bits, confidence
         self.trials: list[tuple[int, str, int, float]] = []  # round, canary, slot, score
         self.skipped: dict[str, int] = {}
+
+    def canary_ids(self, ctx) -> list[str]:
+        return canary_ids(ctx)
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -337,6 +342,56 @@ class ESAuditor(Auditor):
             self.trials.append((header.round, header.src, slot, score))
 
 
+class SketchAuditor(Auditor):
+    """CS-F-LTR: reads the canary owner's term-frequency answers on their way to the relay,
+    knowing each answer's counts without the canary (white-box)."""
+
+    protocol = csfltr.NAME
+
+    def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
+        if view not in ("estimate", "answer"):
+            raise ScenarioError(
+                f"agents: auditor view: expected 'estimate' or 'answer' for csfltr, got {view!r}"
+            )
+        if not ctx.params.canary:
+            raise ScenarioError(
+                "agents: auditor: expected federation.params.canary = true (party 0 then "
+                "answers as the canary owner)"
+            )
+        super().__init__(agent_id, ctx, view, bits, confidence)
+        self.taps = {TF_ANSWER: "src"}
+        self.eps = ctx.params.epsilon
+        self.mechanism = f"CS-F-LTR sketch answers, Laplace(1/epsilon), epsilon = {self.eps:g}"
+        self.threat = (
+            "the querier's estimate of the canary term (median over its rows), counts known"
+            if view == "estimate"
+            else "the whole answer, every entry, counts known"
+        )
+
+    def canary_ids(self, ctx) -> list[str]:
+        return [client_id(0)] if ctx.params.canary else []
+
+    def round_claim(self) -> dict:
+        if self.view == "estimate":
+            return {"path": ["csfltr", "params", "epsilon"]}
+        return {"value": None}  # the stated guarantee is the estimate's, not every entry's
+
+    def observe(self, header, data: bytes) -> None:
+        body = decode(data).body
+        req = body["req"]
+        truth = self.probe.oracle[CANARY_TRUTH, header.src]
+        clean, shift = truth.answers.pop(req)
+        residual = body["tf"].astype(np.float64) - clean  # bit * shift + the shared noise
+        moved = shift != 0
+        if self.view == "estimate":  # the canary term's estimate: the median over its rows
+            rows = shift[BODY, 0, 0] != 0
+            x = float(np.median(residual[BODY, 0, 0][rows] * shift[BODY, 0, 0][rows]))
+            score = self.eps * (abs(x) - abs(x - 1.0)) if math.isfinite(self.eps) else x
+        else:  # the noise is shared: the moved entries against the others show the bit
+            score = float(np.mean(residual[moved] * shift[moved]) - np.mean(residual[~moved]))
+        self.trials.append((req, header.src, 0, score))
+
+
 @parameters
 class CanaryParams:
     bits: str = param(
@@ -352,8 +407,9 @@ class AuditorParams:
     view: str = param(
         "aggregate",
         "aggregate: the published model, others' weights known (the server under secure "
-        "aggregation); link: the canaries' uplinks (FOLtR-ES: the only view)",
-        choices=("aggregate", "link"),
+        "aggregation); link: the canaries' uplinks (FOLtR-ES: the only view); CS-F-LTR: "
+        "estimate (the canary term's estimate) or answer (every entry of an answer)",
+        choices=("aggregate", "link", "estimate", "answer"),
     )
     confidence: float = param(
         0.95, "confidence of the reported lower bound (Clopper-Pearson)", min=0.5, max=0.999999
@@ -374,8 +430,11 @@ def _build_canary(ctx, proto, group, aid, queries, rng):
     return cls(aid, ctx, queries, rng, bits=CanaryParams.of(group).bits, index=index)
 
 
+AUDITORS = {fpdgd.NAME: FPDGDAuditor, foltr_es.NAME: ESAuditor, csfltr.NAME: SketchAuditor}
+
+
 def _build_auditor(ctx, proto, group, aid, queries, rng):
-    cls = FPDGDAuditor if ctx.protocol == fpdgd.NAME else ESAuditor
+    cls = AUDITORS[ctx.protocol]
     p = AuditorParams.of(group)
     return cls(aid, ctx, p.view, _bits(ctx), p.confidence)
 
@@ -394,7 +453,7 @@ PROVIDES = (
         AUDITOR,
         "eavesdropper",
         "privacy audit: guesses the canaries' bits (empirical epsilon lower bound)",
-        (fpdgd.NAME, foltr_es.NAME),
+        tuple(AUDITORS),
         AuditorParams,
         _build_auditor,
     ),

@@ -89,6 +89,9 @@ from foltr_async.protocols.csfltr.server import CSFLTR
 from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.scenario.fields import param, parameters
 
+#: its scenario name (``federation.protocol``)
+NAME = "csfltr"
+
 MODES = ("csfltr", "local", "local+", "global")
 LEARNERS = ("listnet", "pointwise")
 SCHEDULES = ("fedavg", "round_robin")
@@ -123,6 +126,11 @@ class Params:
     k: int = param(150, "reverse top-K size K", min=1)
     epsilon: float = param(
         0.5, "Laplace(1/epsilon) noise per answer (inf: none)", min=1e-6, infinite=True
+    )
+    canary: bool = param(
+        False,
+        "privacy audit: party 0 answers term-frequency queries as a canary owner (docs/"
+        "PROTOCOLS.md, Privacy auditing)",
     )
     decoys: str = param(
         "matched",
@@ -164,7 +172,7 @@ class EavesdropperParams:
 PROVIDES = (
     *messages.KINDS,
     ProtocolEntry(
-        "csfltr",
+        NAME,
         "CS-F-LTR: cross-silo LTR with private sketch queries and RTK-Sketch",
         Params,
         CSFLTR,
@@ -173,7 +181,7 @@ PROVIDES = (
         "csfltr_eavesdropper",
         "eavesdropper",
         "taps the CS-F-LTR relay and guesses queried terms from the obfuscated hashes",
-        ("csfltr",),
+        (NAME,),
         EavesdropperParams,
         _eavesdropper,
     ),

@@ -354,6 +354,7 @@ class Party(Agent):
         cols, signs = b["cols"], b["signs"]
         ix = self.index
         tf = np.stack([s.lookup(docs, cols) * signs for s in ix.doc_sketch])  # (2, n, m, z)
+        tf = self.answered_counts(b["req"], tf, cols, signs)
         noisy = noisy_answer(tf, self.eps, self._noise(TF_QUERY, cols, signs, docs))
         self.send(
             env.src,
@@ -365,6 +366,12 @@ class Party(Agent):
                 "unique": np.stack([f.unique[docs] for f in ix.fields]).astype(np.int32),
             },
         )
+
+    def answered_counts(
+        self, req: int, tf: np.ndarray, cols: np.ndarray, signs: np.ndarray
+    ) -> np.ndarray:
+        """The counts a term-frequency answer releases (a canary owner changes them)."""
+        return tf
 
     @handles(NAIVE_QUERY)
     def on_naive_query(self, env) -> None:

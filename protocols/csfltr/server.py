@@ -7,6 +7,7 @@ import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
+from foltr_async.protocols.csfltr.canary import CanaryParty
 from foltr_async.protocols.csfltr.corpus import (
     N_FEATURES,
     PartyIndex,
@@ -177,6 +178,8 @@ class CSFLTR(ProtocolRun):
         p = self.party_number(agent_id)
         if p < 0:
             raise ScenarioError(f"csfltr: unexpected party id {agent_id}")
+        if p == 0 and self.ctx.params.canary:
+            return CanaryParty(agent_id, self, p, rng)
         return Party(agent_id, self, p, rng)
 
     def attach_server(self, server) -> None:
