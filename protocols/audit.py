@@ -47,6 +47,7 @@ must be 0).
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 
 import numpy as np
 
@@ -105,6 +106,13 @@ def laplace_llr(x: np.ndarray, v: np.ndarray, scale: float) -> float:
     return float(np.sum(np.abs(x + v) - np.abs(x - v)) / scale)
 
 
+def keep_secret(ctx, agent_id: str, rng: np.random.Generator, bits: str):
+    """A canary's run bit (None: one per release) and its truth record, left in the oracle."""
+    truth = CanaryTruth()
+    ctx.probe.oracle[CANARY_TRUTH, agent_id] = truth
+    return (int(rng.integers(2)) if bits == "run" else None), truth
+
+
 def _draw(rng: np.random.Generator, run_bit: int | None) -> int:
     return run_bit if run_bit is not None else int(rng.integers(2))
 
@@ -129,9 +137,7 @@ class FPDGDCanary(FPDGDClient):
             )
         d = ctx.new_ranker().get_params().size
         self.vector = worst_case(d, p.clip_bound, p.clip_order, index)
-        self.run_bit = int(rng.integers(2)) if bits == "run" else None
-        self.truth = CanaryTruth()
-        ctx.probe.oracle[CANARY_TRUTH, agent_id] = self.truth
+        self.run_bit, self.truth = keep_secret(ctx, agent_id, rng, bits)
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         bit = _draw(self.rng, self.run_bit)
@@ -152,9 +158,7 @@ class ESCanary(ESClient):
                 "agents: canary: expected federation.params.metric = 'maxrr' and antithetic = "
                 "true (the randomised response privatises MaxRR levels, one per half)"
             )
-        self.run_bit = int(rng.integers(2)) if bits == "run" else None
-        self.truth = CanaryTruth()
-        ctx.probe.oracle[CANARY_TRUTH, agent_id] = self.truth
+        self.run_bit, self.truth = keep_secret(ctx, agent_id, rng, bits)
 
     @handles(foltr_es.MODEL)
     async def on_model(self, env) -> None:
@@ -191,9 +195,9 @@ class Auditor(TapEavesdropper):
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
+    @abstractmethod
     def round_claim(self) -> dict:
         """Where the repeat's results hold the epsilon claimed for one release of this view."""
-        raise NotImplementedError
 
     async def on_leave(self) -> None:
         truths = {c: self.probe.oracle[CANARY_TRUTH, c] for c in self.canaries}
