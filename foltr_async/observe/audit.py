@@ -36,23 +36,27 @@ VERDICT_RULE = (
 )
 
 
-def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
+def clopper_pearson(k, n, alpha: float):
     """One-sided Clopper-Pearson bounds on a binomial rate from k of n: (lower, upper), each
-    holding with probability at least 1 - alpha."""
+    holding with probability at least 1 - alpha (k, n: numbers or arrays alike)."""
     from scipy.stats import beta
 
-    lower = 0.0 if k == 0 else float(beta.ppf(alpha, k, n - k + 1))
-    upper = 1.0 if k == n else float(beta.ppf(1.0 - alpha, k + 1, n - k))
+    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # the edge cases are set just below
+        lower = np.where(k == 0, 0.0, beta.ppf(alpha, k, n - k + 1))
+        upper = np.where(k == n, 1.0, beta.ppf(1.0 - alpha, k + 1, n - k))
+    if lower.ndim == 0:
+        return float(lower), float(upper)
     return lower, upper
 
 
-def _bound(hits: int, n_hit: int, false: int, n_false: int, delta: float, alpha: float):
-    """log((TPR_lower - delta) / FPR_upper) from the counts (0 when that is not positive)."""
-    tpr_lo = clopper_pearson(hits, n_hit, alpha)[0]
-    fpr_hi = clopper_pearson(false, n_false, alpha)[1]
-    if tpr_lo - delta <= 0.0 or fpr_hi <= 0.0:
-        return 0.0
-    return max(0.0, math.log((tpr_lo - delta) / fpr_hi))
+def _bounds(hits, n_hit: int, false, n_false: int, delta: float, alpha: float) -> np.ndarray:
+    """log((TPR_lower - delta) / FPR_upper) per threshold (0 where that is not positive)."""
+    tpr_lo = np.atleast_1d(clopper_pearson(hits, n_hit, alpha)[0])
+    fpr_hi = np.atleast_1d(clopper_pearson(false, n_false, alpha)[1])
+    ok = (tpr_lo - delta > 0.0) & (fpr_hi > 0.0)
+    ratio = np.where(ok, (tpr_lo - delta) / np.where(ok, fpr_hi, 1.0), 1.0)
+    return np.maximum(0.0, np.log(ratio))
 
 
 def _rules(scores: np.ndarray, bits: np.ndarray, thresholds: np.ndarray):
@@ -85,15 +89,7 @@ def epsilon_lower_bound(
     alpha = (1.0 - confidence) / 2.0
     out: dict = {"epsilon_lower": 0.0, "confidence": confidence, "delta": delta, "trials": len(s)}
     select, judge = slice(0, None, 2), slice(1, None, 2)
-    if (
-        min(
-            np.sum(b[select] == 1),
-            np.sum(b[select] == 0),
-            np.sum(b[judge] == 1),
-            np.sum(b[judge] == 0),
-        )
-        == 0
-    ):
+    if min(np.sum(b[half] == bit) for half in (select, judge) for bit in (0, 1)) == 0:
         out["note"] = "too few trials of each bit to choose and judge a rule"
         return out
     sel_s, sel_b = s[select], b[select]
@@ -101,18 +97,15 @@ def epsilon_lower_bound(
     best = (-1.0, 0, 0.0)  # (selection bound, rule index, threshold)
     for i, (_, hits, n_hit, false, n_false) in enumerate(_rules(sel_s, sel_b, thresholds)):
         # the best threshold of this pairing on the selection half (same confidence)
-        values = [
-            _bound(int(h), n_hit, int(f), n_false, delta, alpha)
-            for h, f in zip(hits, false, strict=True)
-        ]
+        values = _bounds(hits, n_hit, false, n_false, delta, alpha)
         j = int(np.argmax(values))
         if values[j] > best[0]:
-            best = (values[j], i, float(thresholds[j]))
+            best = (float(values[j]), i, float(thresholds[j]))
     _, rule, t = best
     name, hits, n_hit, false, n_false = _rules(s[judge], b[judge], np.array([t]))[rule]
     h, f = int(hits[0]), int(false[0])
     out.update(
-        epsilon_lower=_bound(h, n_hit, f, n_false, delta, alpha),
+        epsilon_lower=float(_bounds(h, n_hit, f, n_false, delta, alpha)[0]),
         rule=name,
         threshold=t,
         judged=int(n_hit + n_false),
