@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.ltr.sketch import SketchHashes
 from foltr_async.protocols.canary_truth import CANARY_TRUTH, CanaryTruth
 from foltr_async.protocols.csfltr.party import Party
 
@@ -23,12 +22,11 @@ BODY = 1
 
 
 def canary_shift(
-    hashes: SketchHashes, n_terms: int, shape: tuple, cols: np.ndarray, signs: np.ndarray
+    h: np.ndarray, g: np.ndarray, shape: tuple, cols: np.ndarray, signs: np.ndarray
 ) -> np.ndarray:
     """How an answer of ``shape`` (2, n, m, z) moves when document 0 of the answer holds one
-    more occurrence of the answer's canary term: +-1 where a slot asks that term's column."""
-    terms = np.arange(n_terms)
-    h, g = hashes.columns(terms), hashes.signs(terms)  # (n_terms, z)
+    more occurrence of the answer's canary term: +-1 where a slot asks that term's column
+    (``h``, ``g``: every vocabulary term's column and sign hashes, (n_terms, z))."""
     agree = ((h == cols[0]) & (g == signs[0])).sum(axis=1)
     t = int(np.argmax(agree))  # the first of the best-supported terms
     shift = np.zeros(shape)
@@ -44,10 +42,11 @@ class CanaryParty(Party):
         super().__init__(agent_id, run, p, rng)
         self.truth = CanaryTruth()
         run.probe.oracle[CANARY_TRUTH, agent_id] = self.truth
-        self.n_terms = run.corpus.n_terms
+        terms = np.arange(run.corpus.n_terms)  # the vocabulary's hashes, once
+        self.term_hashes = (self.hashes.columns(terms), self.hashes.signs(terms))
 
     def answered_counts(self, req, tf, cols, signs):
-        shift = canary_shift(self.hashes, self.n_terms, tf.shape, cols, signs)
+        shift = canary_shift(*self.term_hashes, tf.shape, cols, signs)
         bit = int(self.rng.integers(2))
         self.truth.bits[req, 0] = bit
         self.truth.answers[req] = (tf.astype(np.float64), shift)  # the auditor's knowledge
