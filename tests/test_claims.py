@@ -79,11 +79,15 @@ def test_a_claim_takes_its_weakest_comparison_and_any_contradiction():
     assert V.combine([]) == V.NOT_RUN
 
 
-STUDY = '[studies.fpdgd]\nfile = "001_b76816e974be733a.txt"\ntitle = "FPDGD"\n'
+STUDY = (
+    '[studies.fpdgd]\nfile = "001_b76816e974be733a.txt"\ntitle = "FPDGD"\n'
+    '[topics.dp]\ntitle = "Privacy"\n'
+)
 CLAIM = """
 [[claim]]
 id = "dp-lower"
 study = "fpdgd"
+topic = "dp"
 title = "DP costs effectiveness"
 source = { place = "title", lines = [3, 3] }
 finding = "Effective and Privacy-preserving Federated Online Learning to Rank"
@@ -103,9 +107,10 @@ def write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (('expect = "less"', 'expect = "lower"'), "claims.toml:6: claim.expect: expected one of"),
+        (('expect = "less"', 'expect = "lower"'), "claims.toml:8: claim.expect: expected one of"),
         (('published = "lower"', 'publish = "lower"'), "unknown key (did you mean 'published'?)"),
         (('study = "fpdgd"', 'study = "fedips"'), "claim.study: expected one of fpdgd"),
+        (('topic = "dp"', 'topic = "privacy"'), "claim.topic: expected one of dp, got 'privacy'"),
         (("lines = [3, 3]", "lines = [4, 3]"), "claim.source.lines: expected [first, last]"),
         (('runs = ["run-a"]\n', ""), "expected runs and comparisons, or not_comparable"),
     ],
@@ -179,7 +184,7 @@ def test_records_answer_claims_and_a_changed_file_makes_them_stale(tmp_path):
     data["files"]["protocols/fpdgd.py"] = "0" * 16
     (folder / "run-a.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
     [e] = evaluate(claims, load_records(folder))
-    assert e.stale == ("run-a",) and "stale: run-a" in render([e], load_records(folder))
+    assert e.stale == ("run-a",) and "stale: run-a" in render([e], load_records(folder), claims)
 
 
 def test_a_record_comes_from_a_complete_run_of_this_code():
@@ -204,13 +209,14 @@ def test_the_check_names_the_claim_whose_numbers_differ(tmp_path):
     folder = tmp_path / "records"
     write_record(make_record(results({"dp": a, "plain": b}), "run-a", "cmd"), folder)
     claims = load_claims(write(tmp_path, STUDY + CLAIM))
-    text = render(evaluate(claims, load_records(folder)), load_records(folder))
+    text = render(evaluate(claims, load_records(folder)), load_records(folder), claims)
     assert differences(text, text) == []
     mean = f"{np.mean(a):.4f}"
     assert mean in text
     assert differences(text.replace(mean, "0.9999"), text) == ["dp-lower"]
     assert differences(text.replace("reproduced", "direction only"), text) == [
-        "(table)",
+        "(table)",  # the verdict counts
+        "topic-dp",  # the topic's table
         "dp-lower",
     ]
 
@@ -236,7 +242,8 @@ def test_a_learning_claim_reads_one_arm_against_its_own_early_round(tmp_path):
         '{ arm = "dp", against = "plain" }',
         '{ arm = "plain", against = "plain", against_round = 2 }',
     )
-    [e] = evaluate(load_claims(write(tmp_path, STUDY + learns)), load_records(folder))
+    claims = load_claims(write(tmp_path, STUDY + learns))
+    [e] = evaluate(claims, load_records(folder))
     # each repeat ends 0.01 above its round-2 evaluation: no spread, so no test (direction only)
     assert e.outcomes[0].diff == pytest.approx(0.01) and e.verdict == V.DIRECTION
-    assert "plain vs plain at round 2" in render([e], load_records(folder))
+    assert "plain vs plain at round 2" in render([e], load_records(folder), claims)

@@ -30,6 +30,11 @@ class Study:
 
 
 @parameters
+class Topic:
+    title: str = param(help="the report's section heading for the claims of this topic")
+
+
+@parameters
 class Source:
     place: str = param(help="section, table or figure of the seed")
     lines: list = param(help="[first, last] line of the quote", items=Field(int, min=1))
@@ -48,6 +53,7 @@ class Comparison:
 class ClaimSpec:
     id: str = param(help="short unique id, used in the report and by --check")
     study: str = param(help="a key of [studies]")
+    topic: str = param(help="a key of [topics]: the report's section it is in")
     title: str = param(help="the claim in a few words, for the report's table")
     source: dict = param(help="place and lines in the seed")
     finding: str = param(help="the finding, quoted from the seed (whitespace may differ)")
@@ -87,6 +93,7 @@ class Claim:
 class ClaimSet:
     path: Path
     studies: dict[str, Study]
+    topics: dict[str, Topic]
     claims: tuple[Claim, ...]
 
 
@@ -99,15 +106,19 @@ def load_claims(path: Path) -> ClaimSet:
         raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{path}: not valid TOML: {e}") from None
-    unknown = set(doc) - {"studies", "claim"}
+    unknown = set(doc) - {"studies", "topics", "claim"}
     if unknown:
         raise ScenarioError(
             f"{path}: unknown top-level key {sorted(unknown)[0]!r}; "
-            "expected [studies] and [[claim]]"
+            "expected [studies], [topics] and [[claim]]"
         )
     studies = {
         key: Study.of(check_table(table, Study.FIELDS, str(path), f"studies.{key}"))
         for key, table in doc.get("studies", {}).items()
+    }
+    topics = {
+        key: Topic.of(check_table(table, Topic.FIELDS, str(path), f"topics.{key}"))
+        for key, table in doc.get("topics", {}).items()
     }
     starts = [i + 1 for i, ln in enumerate(text.splitlines()) if ln.strip() == "[[claim]]"]
     claims: list[Claim] = []
@@ -118,11 +129,13 @@ def load_claims(path: Path) -> ClaimSet:
         if spec.id in seen:
             raise ScenarioError(f"{where}: claim.id: {spec.id!r} is used twice")
         seen.add(spec.id)
-        if spec.study not in studies:
-            raise ScenarioError(
-                f"{where}: claim.study: expected one of "
-                f"{', '.join(sorted(studies))}, got {spec.study!r}"
-            )
+        for key, known in (("study", studies), ("topic", topics)):
+            if getattr(spec, key) not in known:
+                raise ScenarioError(
+                    f"{where}: claim.{key}: expected one of "
+                    f"{', '.join(sorted(known)) or f'the [{key}s] keys'}, "
+                    f"got {getattr(spec, key)!r}"
+                )
         source = Source.of(check_table(spec.source, Source.FIELDS, where, "claim.source"))
         if len(source.lines) != 2 or source.lines[0] > source.lines[1]:
             raise ScenarioError(
@@ -138,7 +151,7 @@ def load_claims(path: Path) -> ClaimSet:
                 "or not_comparable with the reason"
             )
         claims.append(Claim(spec, studies[spec.study], source, comps, starts[i]))
-    return ClaimSet(path, studies, tuple(claims))
+    return ClaimSet(path, studies, topics, tuple(claims))
 
 
 def _words(text: str) -> str:

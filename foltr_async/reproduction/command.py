@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     claims = load_claims(args.claims)
     records = load_records(args.records) if args.records.is_dir() else {}
     evaluated = evaluate(claims, records)
-    text = render(evaluated, records)
+    text = render(evaluated, records, claims)
     if args.write:
         args.report.write_text(text)
         print(f"{args.report}: {len(evaluated)} claims")

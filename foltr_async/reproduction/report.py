@@ -155,8 +155,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render(evaluated: list[Evaluated], records: dict[str, Record]) -> str:
-    counts = {v: sum(e.verdict == v for e in evaluated) for v in VOCABULARY}
+def _counts(evaluated: list[Evaluated]) -> list[int]:
+    return [sum(e.verdict == v for e in evaluated) for v in VOCABULARY]
+
+
+def render(evaluated: list[Evaluated], records: dict[str, Record], claims: ClaimSet) -> str:
+    topics = {t: [e for e in evaluated if e.claim.topic == t] for t in claims.topics}
+    topics = {t: es for t, es in topics.items() if es}
     lines = [
         HEADER,
         "# Reproducing the published FOLTR findings",
@@ -169,21 +174,35 @@ def render(evaluated: list[Evaluated], records: dict[str, Record]) -> str:
         "",
         "How the runs are made (data, metrics, statistics, running the whole set), each study's "
         "settings and departures are in [REPRODUCTION-NOTES.md](REPRODUCTION-NOTES.md); the "
-        "investigations behind them in [INVESTIGATIONS.md](INVESTIGATIONS.md).",
+        "investigations behind them in [INVESTIGATIONS.md](INVESTIGATIONS.md). The runs, the "
+        "code that made them and what they cost are listed under [Records](#records).",
         "",
-        "Verdicts: " + ", ".join(f"{v} {counts[v]}" for v in VOCABULARY) + ".",
-        "",
-        "| claim | seed and place | published | ours | verdict |",
-        "|---|---|---|---|---|",
+        "| topic | claims | " + " | ".join(VOCABULARY) + " |",
+        "|---|---:|" + "---:|" * len(VOCABULARY),
     ]
-    for e in evaluated:
-        c = e.claim
-        lines.append(
-            f"| [{c.id}](#{c.id}) | {c.study.title}, {_cell(c.source.place)} | "
-            f"{_cell(c.published)} | {_cell(ours(e))} | {_cell(_verdict_text(e))} |"
-        )
-    for e in evaluated:
-        lines += ["", *section(e, records)]
+    for t, es in topics.items():
+        cells = " | ".join(str(k) for k in _counts(es))
+        lines.append(f"| [{claims.topics[t].title}](#topic-{t}) | {len(es)} | {cells} |")
+    total = " | ".join(f"**{k}**" for k in _counts(evaluated))
+    lines += [f"| **all** | **{len(evaluated)}** | {total} |"]
+    for t, es in topics.items():
+        lines += [
+            "",
+            f'<a id="topic-{t}"></a>',
+            f"## {claims.topics[t].title}",
+            "",
+            "| claim | seed and place | published | ours | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for e in es:
+            c = e.claim
+            lines.append(
+                f"| [{c.id}](#{c.id}) | {c.study.title}, {_cell(c.source.place)} | "
+                f"{_cell(c.published)} | {_cell(ours(e))} | {_cell(_verdict_text(e))} |"
+            )
+        for e in es:
+            lines += ["", *section(e, records)]
+    lines += ["", *_records_section(records)]
     return "\n".join(lines) + "\n"
 
 
@@ -198,7 +217,7 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     }[c.published_significant]
     out = [
         f'<a id="{c.id}"></a>',
-        f"## {c.id}: {c.title}",
+        f"### {c.id}: {c.title}",
         "",
         f"**Claim** ({c.study.title}, `{c.study.file}` {c.source.place}, lines "
         f'{c.source.lines[0]}-{c.source.lines[1]}): "{c.finding}"',
@@ -219,7 +238,7 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
             else ""
         )
         + f"); paired by fold and seed, Bonferroni over {c.family or len(c.comparisons)}, "
-        f"alpha {c.alpha:g}. Runs: {', '.join(c.runs)}.",
+        f"alpha {c.alpha:g}.",
     ]
     if c.departures:
         out += ["Departures: " + "; ".join(c.departures) + "."]
@@ -239,41 +258,59 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     for problem in e.problems:
         out += ["", f"Cannot answer: {problem}."]
     out += ["", f"**Verdict: {_verdict_text(e)}.**", ""]
+    recorded = [run for run in c.runs if run in records]
     missing = [run for run in c.runs if run not in records]
+    if recorded:
+        cost = ", ".join(f"{run} ({_cost(records[run].data)})" for run in recorded)
+        out.append(f"Recorded runs: {cost}.")
     if missing:
         only = " ".join(f"--only {run}" for run in missing)
-        out.append(f"- no record yet: `python tools/reproduce_all.py --jobs 2 {only} --record`")
-    for run in c.runs:
-        rec = records.get(run)
-        if rec is None:
-            continue
-        d = rec.data
-        code = d.get("code", {})
-        line = (
-            f"- `{d.get('command', '')}`: recorded {d.get('made')} at "
-            f"{code.get('commit', '?')[:10]}, {_compute(d)}"
-        )
-        if rec.checked:
-            chk = rec.checked
-            line += (
-                f"; checked {chk['made']} at {chk['code'].get('commit', '?')[:10]}: "
-                f"{chk['how']} computed again, equal"
-            )
-        if rec.stale:
-            line += f"; stale, changed since: {', '.join(rec.changed[:5])}"
-            line += " ..." if len(rec.changed) > 5 else ""
-        out.append(line)
+        out.append(f"No record yet: `python tools/reproduce_all.py --jobs 2 {only} --record`.")
     return out
 
 
-def _compute(record: dict) -> str:
-    n = sum(len(reps) for reps in record["variants"].values())
+def _cost(record: dict) -> str:
     cost = record.get("cost") or {}
-    if "cpu_s" in cost:
-        cpu = cost["cpu_s"]
-        spent = f"{cpu / 3600:.1f} CPU h" if cpu >= 3600 else f"{cpu / 60:.0f} CPU min"
-        return f"{n} repeats, {spent} ({cost['wall_s'] / 60:.0f} min wall)"
-    return f"{n} repeats"
+    if "cpu_s" not in cost:
+        return "cost not recorded"
+    cpu = cost["cpu_s"]
+    spent = f"{cpu / 3600:.1f} CPU h" if cpu >= 3600 else f"{cpu / 60:.0f} CPU min"
+    return f"{spent}, {cost['wall_s'] / 60:.0f} min wall"
+
+
+def _records_section(records: dict[str, Record]) -> list[str]:
+    """One row per record: the command that reruns it, the code that made and checked it."""
+    out = [
+        '<a id="records"></a>',
+        "## Records",
+        "",
+        "Each run's record: the command that makes it again, when and by which commit it was "
+        "made, its repeats and cost, the last check (one repeat of every variant computed again "
+        "with the checkout's code and found equal), and the files changed since when it is "
+        "stale.",
+        "",
+        "| run | command | made | repeats | cost | checked | state |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for run, rec in sorted(records.items()):
+        d = rec.data
+        n = sum(len(reps) for reps in d["variants"].values())
+        made = f"{d.get('made')} at {d.get('code', {}).get('commit', '?')[:10]}"
+        chk = rec.checked
+        checked = (
+            f"{chk['made']} at {chk['code'].get('commit', '?')[:10]}: {chk['how']}"
+            if chk
+            else "–"
+        )
+        state = "current"
+        if rec.stale:
+            more = " ..." if len(rec.changed) > 5 else ""
+            state = f"stale, changed since: {', '.join(rec.changed[:5])}{more}"
+        out.append(
+            f"| {run} | `{d.get('command', '')}` | {made} | {n} | {_cost(d)} | "
+            f"{_cell(checked)} | {_cell(state)} |"
+        )
+    return out
 
 
 _SECTION = re.compile(r'^<a id="([^"]+)"></a>$', re.M)
