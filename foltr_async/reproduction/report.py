@@ -298,9 +298,7 @@ def _records_section(records: dict[str, Record]) -> list[str]:
         made = f"{d.get('made')} at {d.get('code', {}).get('commit', '?')[:10]}"
         chk = rec.checked
         checked = (
-            f"{chk['made']} at {chk['code'].get('commit', '?')[:10]}: {chk['how']}"
-            if chk
-            else "–"
+            f"{chk['made']} at {chk['code'].get('commit', '?')[:10]}: {chk['how']}" if chk else "–"
         )
         state = "current"
         if rec.stale:
