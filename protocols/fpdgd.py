@@ -69,6 +69,8 @@ UPDATE = "fpdgd.update"
 UNLEARN = "unlearn.request"
 CALIBRATE = "fpdgd.calibrate"
 CALIBRATED = "fpdgd.calibrated"
+#: how a leaver is forgotten when training ends (``federation.params.unlearning``)
+UNLEARNING = ("federaser", "retrain", "finetune", "original")
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (
@@ -97,6 +99,17 @@ class Params:
     )
     accounting_delta: float = param(
         1e-5, "delta at which the RDP / PLD accountants report epsilon", min=0.0, max=1.0
+    )
+    unlearning: str = param(
+        "federaser",
+        "how the leavers are forgotten when training ends: federaser (calibrated re-training "
+        "from the updates stored every store_every rounds), retrain (from the initial model, "
+        "without them), finetune (the trained model trained on by the remaining clients), "
+        "original (kept as trained: the do-nothing baseline)",
+        choices=UNLEARNING,
+    )
+    unlearn_rounds: int = param(
+        0, "unlearning: rounds retrain / finetune play (0: as many as training played)", min=0
     )
     store_every: int = param(10, "unlearning: clients store their update every N rounds", min=1)
     calibration_steps: int = param(2, "unlearning: local interactions n' per calibration", min=1)
@@ -158,7 +171,9 @@ class FPDGDClient(OnlineClient):
         self.shares = ctx.n_clients
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
+        unlearns = (
+            self.unlearns and UNLEARN_ACTION in ctx.timeline_actions and p.unlearning == "federaser"
+        )
         self.store_every = p.store_every if unlearns else None
         self.calibration_steps = p.calibration_steps if unlearns else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
@@ -245,6 +260,7 @@ class FPDGDStrategy(ModelStrategy):
         super().__init__(ctx)
         self.leavers: dict[str, int] = {}  # client id -> round of its request
         self.shares: dict[int, int] = {}  # DP: round -> clients its noise was split over
+        self.interactions = 0  # the interactions of every update aggregated so far
 
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
@@ -253,6 +269,10 @@ class FPDGDStrategy(ModelStrategy):
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
         return body
+
+    def aggregate(self, round: int, replies: list) -> dict:
+        self.interactions += sum(int(r.body["n_interactions"]) for r in replies)
+        return super().aggregate(round, replies)
 
     def max_abs(self) -> float:
         """With DP, a share of the Laplace(Delta / epsilon) noise rides on every coordinate."""
@@ -301,8 +321,10 @@ class CalibrationStrategy(Strategy):
 
 
 class FPDGD(ProtocolRun):
-    """FPDGD with unlearning: a client may ask to be forgotten; calibration runs when training
-    ends (the request may come at any round; the leaver stops participating at once)."""
+    """FPDGD with unlearning: a client may ask to be forgotten (at any round; it stops taking
+    part at once), and when training ends the run forgets the leavers by ``unlearning``: a
+    FedEraser calibration phase, a retraining or fine-tuning phase of the remaining clients, or
+    nothing (``original``). ``report`` gives the phase's cost beside retraining's."""
 
     partitions = True  # clients read their own data, users and batch from the run context
     completes = True  # and how many of the B interactions a training does
@@ -316,10 +338,17 @@ class FPDGD(ProtocolRun):
                 "client with no new query sends an empty update without its noise share, so "
                 "the round's noise would not sum to the Laplace the accounting states)"
             )
+        if ctx.params.dp and ctx.params.unlearning in ("retrain", "finetune"):
+            raise ScenarioError(
+                f"federation.params.unlearning: {ctx.params.unlearning!r} with dp = true is not "
+                "supported (the privacy accounting covers the training rounds only); use "
+                "'federaser' or 'original', or dp = false"
+            )
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
+        self._phase_interactions = 0
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
@@ -333,39 +362,75 @@ class FPDGD(ProtocolRun):
         await agent.leave()  # the leaver never participates again
 
     async def finish(self, server, reports: list) -> None:
+        """Training is over: forget the leavers, if any asked, by the scenario's method."""
         self.taken_part = {r.round: r.clients for r in reports if r.aggregated}
         self.last_round = reports[-1].round if reports else 0
         leavers = self.strategy.leavers
         if not leavers:
             return
-        p, ctx = self.ctx.params, self.ctx
-        last = reports[-1].round if reports else 0
-        stored_rounds = list(range(p.store_every, last + 1, p.store_every))
-        if not stored_rounds:
-            self.ctx.emit("unlearn_skipped", reason="no stored updates yet")
+        method = self.ctx.params.unlearning
+        self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
+        if method == "federaser":
+            phase = await self._calibrate(server, reports)
+        elif method == "original":
+            phase = []
+        else:
+            phase = await self._retrain(server, reports, from_scratch=method == "retrain")
+        if phase is None:
             return
-        strategy = CalibrationStrategy(self.strategy, stored_rounds)
-        strategy.first_round = last + 1
-        plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
-        self.ctx.emit("unlearn_start", clients=sorted(leavers), rounds=len(stored_rounds))
-        calib = await server.run_rounds(strategy, plan, first_round=last + 1)
-        n_clients = ctx.n_clients
-        remaining = [c.replied for c in calib]
-        d = self.strategy.model.size
         self.cost = {
+            "strategy": method,
             "clients": sorted(leavers),
             "requested_round": min(leavers.values()),
-            "calibration_rounds": len(stored_rounds),
-            "calibration_interactions": int(sum(remaining)) * p.calibration_steps,
+            "rounds": len(phase),
+            "interactions": self._phase_interactions,
+            "messages": sum(r.selected + r.replied for r in phase),
             # retraining = every training round again, without the leavers
-            "retrain_interactions": len(reports)
-            * (n_clients - len(leavers))
-            * ctx.queries_per_client,
-            "calibration_messages": 2 * int(sum(remaining)),
-            "retrain_messages": 2 * len(reports) * (n_clients - len(leavers)),
-            "storage_bytes_per_client": len(stored_rounds) * d * 8,
+            **self._retrain_cost(reports, len(leavers)),
         }
+        if method == "federaser":
+            d = self.strategy.model.size
+            self.cost["storage_bytes_per_client"] = len(phase) * d * 8
         self.ctx.emit("unlearn_done", **self.cost)
+        # the model it ends with: the distance to a retrained variant's (observe/unlearning.py)
+        self.cost["final_model"] = self.strategy.model.tolist()
+
+    def _retrain_cost(self, reports: list, n_leavers: int) -> dict:
+        ctx = self.ctx
+        remaining = ctx.n_clients - n_leavers
+        return {
+            "retrain_interactions": len(reports) * remaining * ctx.queries_per_client,
+            "retrain_messages": 2 * len(reports) * remaining,
+        }
+
+    async def _calibrate(self, server, reports: list) -> list | None:
+        """FedEraser: one calibration round per stored round, from a re-initialised model."""
+        p = self.ctx.params
+        stored_rounds = list(range(p.store_every, self.last_round + 1, p.store_every))
+        if not stored_rounds:
+            self.ctx.emit("unlearn_skipped", reason="no stored updates yet")
+            return None
+        strategy = CalibrationStrategy(self.strategy, stored_rounds)
+        strategy.first_round = self.last_round + 1
+        plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
+        phase = await server.run_rounds(strategy, plan, first_round=self.last_round + 1)
+        self._phase_interactions = sum(r.replied for r in phase) * p.calibration_steps
+        return phase
+
+    async def _retrain(self, server, reports: list, *, from_scratch: bool) -> list:
+        """Retrain (from the initial model) or fine-tune (from the trained one): FPDGD rounds
+        of the remaining clients, as many as training played unless ``unlearn_rounds`` says.
+        The clients go on from where training left their data and randomness."""
+        strategy = self.strategy
+        if from_scratch:
+            strategy.model = self.ctx.new_ranker().get_params()
+        before = strategy.interactions
+        rounds = self.ctx.params.unlearn_rounds or len(reports)
+        phase = await server.run_rounds(
+            strategy, replace(server.plan, rounds=rounds), first_round=self.last_round + 1
+        )
+        self._phase_interactions = strategy.interactions - before
+        return phase
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return FPDGDClient(agent_id, self.ctx, queries, rng)

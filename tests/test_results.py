@@ -311,7 +311,7 @@ def test_rounds_after_training_are_shaded_and_named_in_the_figure(tmp_path):
         "planned": {"rounds": {"9H-1M-unlearned": 20, "10H-0M": 20}},
         "variants": {
             "9H-1M-unlearned": {
-                "repeats": [{**rep, "unlearning": {"calibration_rounds": 2}}],
+                "repeats": [{**rep, "unlearning": {"strategy": "federaser", "rounds": 2}}],
                 "summary": {"curve": {"rounds": rep["rounds"]}},
             },
             "10H-0M": {"repeats": [], "summary": {"curve": {"rounds": [10, 20]}}},
@@ -320,7 +320,7 @@ def test_rounds_after_training_are_shaded_and_named_in_the_figure(tmp_path):
     ax = Figure().add_subplot(1, 1, 1)
     ax.plot([10, 22], [0.3, 0.4])
     plots._mark_after_training(ax, res, ["9H-1M-unlearned", "10H-0M"])
-    assert [t.get_text() for t in ax.texts] == ["unlearning calibration → "]
+    assert [t.get_text() for t in ax.texts] == ["unlearning: federaser → "]
     assert ax.lines[-1].get_xdata()[0] == 20  # the dotted line where training ended
     res["variants"]["9H-1M-unlearned"]["summary"]["curve"]["rounds"] = [10, 20]
     ax = Figure().add_subplot(1, 1, 1)

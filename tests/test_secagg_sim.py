@@ -151,7 +151,7 @@ agents = ["client-0003"]""",
     )
     result, _ = simulate(sc.variants["default"])
     assert result["secure_aggregation"]["unmasked_rounds"] == 16
-    assert result["unlearning"]["calibration_rounds"] == 2
+    assert result["unlearning"]["rounds"] == 2
     assert result["messages"]["kinds"]["fpdgd.calibrated"]["delivered"] > 0
 
 

@@ -3,7 +3,9 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
@@ -28,10 +30,11 @@ def test_unlearning_beats_the_poisoned_federation_and_costs_less_than_retraining
             if name == "9H-1M-unlearned":
                 cost = result["unlearning"]
                 assert cost["clients"] == ["client-0009"]
-                assert cost["calibration_rounds"] == 20  # T / Delta_t = 200 / 10
+                assert cost["strategy"] == "federaser"
+                assert cost["rounds"] == 20  # T / Delta_t = 200 / 10
                 assert cost["retrain_interactions"] == 200 * 9 * 5
-                assert cost["calibration_interactions"] == 20 * 9 * 2
-                assert cost["calibration_messages"] == 2 * 20 * 9  # the leaver never takes part
+                assert cost["interactions"] == 20 * 9 * 2
+                assert cost["messages"] == 2 * 20 * 9  # the leaver never takes part
                 assert result["rounds"][-1] == 220
     clean, poisoned, unlearned = (np.mean(scores[v]) for v in scores)
     assert poisoned < clean - 0.03, scores  # the attack hurts
@@ -46,3 +49,48 @@ def test_clients_store_updates_only_in_runs_that_can_unlearn():
         stored = [sorted(a.stored) for a in sim.agents.values() if hasattr(a, "stored")]
         assert len(stored) == 10
         assert stored[0] == ([10, 20] if stores else []), name
+
+
+STRATEGIES = HEADLINE.with_name("unlearn_strategies.toml")
+
+
+def test_each_strategy_forgets_three_poisoners_at_its_own_cost():
+    sc = load_scenario(STRATEGIES, ["federation.rounds=40"])
+    scores = {v: [] for v in sc.variants}
+    costs = {}
+    for seed in (1, 2, 3):
+        for name, cfg in sc.variants.items():
+            value, result = final(cfg, seed)
+            scores[name].append(value)
+            costs[name] = result.get("unlearning")
+    mean = {v: np.mean(s) for v, s in scores.items()}
+    clean, attacked = mean["7H-0M"], mean["7H-3M"]
+    assert attacked < clean - 0.1, mean  # three poisoners hurt
+    for name in ("7H-3M-retrain", "7H-3M-finetune", "7H-3M-federaser"):
+        assert mean[name] > attacked + 0.1, (name, mean)  # forgetting them recovers
+    # retraining and fine-tuning play training's 40 rounds with the 7 remaining clients
+    for name in ("7H-3M-retrain", "7H-3M-finetune"):
+        assert costs[name]["rounds"] == 40 and costs[name]["interactions"] == 40 * 7 * 5
+        assert costs[name]["messages"] == 2 * 40 * 7
+    assert costs["7H-3M-federaser"]["rounds"] == 4  # one per stored round: 40 / Delta_t
+    assert costs["7H-3M-original"]["rounds"] == costs["7H-3M-original"]["interactions"] == 0
+    leavers = ["client-0007", "client-0008", "client-0009"]
+    assert all(c["clients"] == leavers for c in costs.values() if c)
+
+
+def test_the_distance_to_retraining_tells_a_model_that_was_not_unlearned(tmp_path):
+    from foltr_async.api import run as run_file
+
+    res = run_file(STRATEGIES, ["federation.rounds=30", "scenario.repeats=3"], out=tmp_path)
+    block = res.raw["unlearning"]
+    assert block["7H-3M-retrain"]["l2_to_retrained"] is None  # the yardstick itself
+    far, near = block["7H-3M-original"], block["7H-3M-finetune"]
+    assert far["l2_to_retrained"]["n"] == 3
+    assert far["cosine_to_retrained"]["mean"] > near["cosine_to_retrained"]["mean"]
+    assert "## Unlearning" in (tmp_path / "summary.md").read_text()
+
+
+def test_retraining_with_dp_is_refused_in_one_line():
+    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.dp=true"])
+    with pytest.raises(ScenarioError, match="'retrain' with dp = true is not supported"):
+        run(Simulation(sc.variants["7H-3M-retrain"], 1, Observer()).run())

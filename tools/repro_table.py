@@ -132,14 +132,14 @@ def table(results: dict, only: list[str], extra: list[str] | None = None) -> str
         )
         unl = [r["unlearning"] for r in entry["repeats"] if r.get("unlearning")]
         if unl:
-            cal = sum(u["calibration_interactions"] for u in unl) / len(unl)
+            cal = sum(u["interactions"] for u in unl) / len(unl)
             full = sum(u["retrain_interactions"] for u in unl) / len(unl)
             costs.append(f"| {name} | {cal:,.0f} | {full:,.0f} | {cal / full:.1%} |")
     out = "\n".join(rows)
     if costs:
         head = [
             "",
-            "| variant | calibration interactions | re-training interactions | ratio |",
+            "| variant | unlearning interactions | re-training interactions | ratio |",
             "|---|---|---|---|",
         ]
         out += "\n" + "\n".join(head + costs)

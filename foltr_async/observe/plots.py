@@ -126,8 +126,14 @@ def _mark_after_training(ax, results: dict, names: list[str]) -> None:
         mine = max(variants[name]["summary"]["curve"]["rounds"], default=0)  # 0: not measured
         last = max(last, mine)
         if planned.get(name) and mine > planned[name]:
-            calib = any("unlearning" in rep for rep in variants[name].get("repeats", []))
-            ends[planned[name]] = "unlearning calibration" if calib else "after training"
+            methods = {
+                rep["unlearning"].get("strategy", "federaser")
+                for rep in variants[name].get("repeats", [])
+                if "unlearning" in rep
+            }
+            ends[planned[name]] = (
+                f"unlearning: {', '.join(sorted(methods))}" if methods else "after training"
+            )
     for end, text in sorted(ends.items()):
         ax.axvline(end, color="0.4", ls=":", lw=1)
         ax.axvspan(end, last, color="0.5", alpha=0.08, lw=0)

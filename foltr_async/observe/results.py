@@ -39,6 +39,7 @@ from foltr_async.observe.stats import (
     summarise,
 )
 from foltr_async.observe.timecurve import AXES, at_common, is_timed
+from foltr_async.observe.unlearning import render_unlearning_md, unlearning_results
 
 _log = structlog.get_logger("foltr_async.observe.results")
 
@@ -448,6 +449,7 @@ def render_summary_md(results: dict) -> str:
         lines.append(
             f"| {name} | {final} | {delta} | {cells}{online} | {empty} | {msgs} | {wall} |"
         )
+    lines += render_unlearning_md(results.get("unlearning") or {})
     lines += render_audit_md(results.get("audit") or {})
     conclusions = results.get("conclusions") or []
     if conclusions:
@@ -654,6 +656,9 @@ class ResultsWriter(Observer):
             res["not_as_asked"] = unmet
         if self.code is not None:
             res["code"] = self.code
+        unlearning = unlearning_results(variants)
+        if unlearning:  # some variants forgot clients: each strategy's cost and distance
+            res["unlearning"] = unlearning
         audit = audit_results(variants)
         if audit:  # canaries and auditors ran: the empirical epsilon beside the claimed one
             res["audit"] = audit
