@@ -302,6 +302,10 @@ def test_local_workers_match_the_memory_run_with_one_frame_per_worker(tmp_path, 
 federation = { params = { store_every = 3 } }
 agents = [{ behaviour = "scaled_reversal", count = 1 }]
 timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
+[variants.retrained]
+federation = { params = { unlearning = "retrain" } }
+agents = [{ behaviour = "scaled_reversal", count = 1 }]
+timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
 [variants.es]
 federation = { protocol = "foltr_es" }
 [variants.es-authors-streams]
