@@ -1,8 +1,9 @@
 """Claims evaluated against the records, and the report generated from them.
 
 ``evaluate`` computes every claim's comparisons and verdict (verdict.py's rules) from the
-committed records; ``render`` writes the report (one table, then a section per claim, in the
-claims file's order); ``differences`` names the claims whose section in a written report is not
+committed records; ``render`` writes the report (the verdicts per topic; per topic its table, a
+line for each claim no record answers yet and a section for each one answered; then the
+records); ``differences`` names the claims (or topics) whose part of a written report is not
 what the records give, which is what ``claims --check`` fails on.
 """
 
@@ -200,8 +201,10 @@ def render(evaluated: list[Evaluated], records: dict[str, Record], claims: Claim
                 f"| [{c.id}](#{c.id}) | {c.study.title}, {_cell(c.source.place)} | "
                 f"{_cell(c.published)} | {_cell(ours(e))} | {_cell(_verdict_text(e))} |"
             )
+        lines += _unanswered(es)  # in the topic's part of the file, which --check names
         for e in es:
-            lines += ["", *section(e, records)]
+            if e.outcomes or e.problems:
+                lines += ["", *section(e, records)]
     lines += ["", *_records_section(records)]
     return "\n".join(lines) + "\n"
 
@@ -223,8 +226,6 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
         f'{c.source.lines[0]}-{c.source.lines[1]}): "{c.finding}"',
         "",
     ]
-    if c.not_comparable:
-        return [*out, f"**Verdict: {NOT_COMPARABLE}.** {c.not_comparable}"]
     comps = "; ".join(
         f"{x.arm} vs {x.against}"
         + ("" if x.against_round is None else f" at {_at(x.against_round)}")
@@ -266,6 +267,30 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
     if missing:
         only = " ".join(f"--only {run}" for run in missing)
         out.append(f"No record yet: `python tools/reproduce_all.py --jobs 2 {only} --record`.")
+    return out
+
+
+def _unanswered(es: list[Evaluated]) -> list[str]:
+    """The topic's claims no record answers, a line each: why none can (not comparable), or
+    which runs would, and the one command that makes them (not run)."""
+    out = []
+    apart = [e for e in es if e.claim.not_comparable]
+    if apart:
+        out += ["", "**Not comparable** (no run can answer them as published):", ""]
+        out += [
+            f'- <a id="{e.claim.id}"></a>**{e.claim.id}**: {e.claim.not_comparable}' for e in apart
+        ]
+    waiting = [e for e in es if not (e.outcomes or e.problems or e.claim.not_comparable)]
+    if waiting:
+        out += ["", "**Not run** (their runs have no record yet):", ""]
+        out += [
+            f'- <a id="{e.claim.id}"></a>**{e.claim.id}** ({e.claim.study.title}, '
+            f"{e.claim.source.place}): {', '.join(e.missing)}"
+            for e in waiting
+        ]
+        runs = dict.fromkeys(r for e in waiting for r in e.missing)
+        only = " ".join(f"--only {run}" for run in runs)
+        out += ["", f"To make them: `python tools/reproduce_all.py --jobs 2 {only} --record`."]
     return out
 
 
