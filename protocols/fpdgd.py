@@ -348,7 +348,6 @@ class FPDGD(ProtocolRun):
         self.strategy = FPDGDStrategy(ctx)
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
-        self._phase_interactions = 0
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
@@ -371,19 +370,20 @@ class FPDGD(ProtocolRun):
         method = self.ctx.params.unlearning
         self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
         if method == "federaser":
-            phase = await self._calibrate(server, reports)
+            done = await self._calibrate(server)
         elif method == "original":
-            phase = []
+            done = [], 0
         else:
-            phase = await self._retrain(server, reports, from_scratch=method == "retrain")
-        if phase is None:
+            done = await self._retrain(server, reports, from_scratch=method == "retrain")
+        if done is None:
             return
+        phase, interactions = done
         self.cost = {
             "strategy": method,
             "clients": sorted(leavers),
             "requested_round": min(leavers.values()),
             "rounds": len(phase),
-            "interactions": self._phase_interactions,
+            "interactions": interactions,
             "messages": sum(r.selected + r.replied for r in phase),
             # retraining = every training round again, without the leavers
             **self._retrain_cost(reports, len(leavers)),
@@ -403,8 +403,9 @@ class FPDGD(ProtocolRun):
             "retrain_messages": 2 * len(reports) * remaining,
         }
 
-    async def _calibrate(self, server, reports: list) -> list | None:
-        """FedEraser: one calibration round per stored round, from a re-initialised model."""
+    async def _calibrate(self, server) -> tuple[list, int] | None:
+        """FedEraser: one calibration round per stored round, from a re-initialised model (its
+        reports and interactions; None when nothing was stored yet)."""
         p = self.ctx.params
         stored_rounds = list(range(p.store_every, self.last_round + 1, p.store_every))
         if not stored_rounds:
@@ -414,10 +415,9 @@ class FPDGD(ProtocolRun):
         strategy.first_round = self.last_round + 1
         plan = replace(server.plan, rounds=len(stored_rounds), eval_every=1)
         phase = await server.run_rounds(strategy, plan, first_round=self.last_round + 1)
-        self._phase_interactions = sum(r.replied for r in phase) * p.calibration_steps
-        return phase
+        return phase, sum(r.replied for r in phase) * p.calibration_steps
 
-    async def _retrain(self, server, reports: list, *, from_scratch: bool) -> list:
+    async def _retrain(self, server, reports: list, *, from_scratch: bool) -> tuple[list, int]:
         """Retrain (from the initial model) or fine-tune (from the trained one): FPDGD rounds
         of the remaining clients, as many as training played unless ``unlearn_rounds`` says.
         The clients go on from where training left their data and randomness."""
@@ -429,8 +429,7 @@ class FPDGD(ProtocolRun):
         phase = await server.run_rounds(
             strategy, replace(server.plan, rounds=rounds), first_round=self.last_round + 1
         )
-        self._phase_interactions = strategy.interactions - before
-        return phase
+        return phase, strategy.interactions - before
 
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         return FPDGDClient(agent_id, self.ctx, queries, rng)

@@ -34,7 +34,9 @@ from foltr_async.observe.stats import (
     PAIRED_TEST,
     bonferroni,
     curve,
+    fmt_num,
     holm,
+    mean_std,
     paired_test,
     summarise,
 )
@@ -319,17 +321,6 @@ def compare(variants: dict[str, list[dict]], reference: str | None, metric: str)
     return out
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def _mean_std(s: dict, fmt: str, std_fmt: str | None = None, *, n: bool = True) -> str:
-    if not s or s.get("n", 0) == 0:
-        return "–"
-    text = f"{_num(s['mean'], fmt)} ± {_num(s['std'], std_fmt or fmt)}"
-    return f"{text} ({s['n']})" if n else text
-
-
 def _conventions(config: dict) -> list[str]:
     """The nDCG convention(s) ``evaluation.no_relevant`` names, in the config itself or, when the
     config maps variant names to configs, per variant (one line when all variants agree)."""
@@ -421,7 +412,7 @@ def render_summary_md(results: dict) -> str:
     comps = {c["variant"]: c for c in results.get("comparisons", [])}
     for name, entry in variants.items():
         s = entry.get("summary") or {}
-        final = _mean_std((s.get("final") or {}).get(metric), ".4f")
+        final = mean_std((s.get("final") or {}).get(metric), ".4f")
         if unmeasured.get(name) == len(entry["repeats"]):
             final = "**not measured**"
         if name == ref:
@@ -437,15 +428,15 @@ def render_summary_md(results: dict) -> str:
         else:
             delta = "–"
         online_s = (s.get("online") or {}).get(online_key)
-        online = _mean_std(online_s, ".4g", ".2g", n=False)
+        online = mean_std(online_s, ".4g", ".2g", n=False)
         if online_s is not None and not online_s["n"]:  # every repeat: no online users
             online = "n/a"
         m = s.get("messages") or {}
         sent, dropped = (m.get("sent") or {}).get("mean"), (m.get("dropped") or {}).get("mean")
-        msgs = f"{_num(sent, ',.0f')} / {_num(dropped, ',.0f')}"
-        wall = _num((s.get("wall_s") or {}).get("mean"), ".1f")
+        msgs = f"{fmt_num(sent, ',.0f')} / {fmt_num(dropped, ',.0f')}"
+        wall = fmt_num((s.get("wall_s") or {}).get("mean"), ".1f")
         empty = _empty_rounds(s.get("contributions") or {})
-        cells = "".join(f"{_mean_std((s.get('final') or {}).get(m), '.4f')} | " for m in extra)
+        cells = "".join(f"{mean_std((s.get('final') or {}).get(m), '.4f')} | " for m in extra)
         lines.append(
             f"| {name} | {final} | {delta} | {cells}{online} | {empty} | {msgs} | {wall} |"
         )
@@ -463,7 +454,7 @@ def _empty_rounds(c: dict) -> str:
     empty, rounds = c.get("empty_rounds") or {}, c.get("rounds") or {}
     if not empty.get("n"):
         return "–"
-    text = f"{_num(empty['mean'], '.4g')} of {_num(rounds['mean'], '.4g')}"
+    text = f"{fmt_num(empty['mean'], '.4g')} of {fmt_num(rounds['mean'], '.4g')}"
     idle = c.get("learned_nothing", 0)
     if idle == empty["n"]:
         return f"**{text}: nothing learned**"

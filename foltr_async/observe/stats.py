@@ -34,6 +34,18 @@ def summarise(values: Iterable[float | None]) -> dict:
     return {"mean": float(arr.mean()), "std": std, "n": n}
 
 
+def fmt_num(x: float | None, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def mean_std(s: dict | None, fmt: str, std_fmt: str | None = None, *, n: bool = True) -> str:
+    """A ``summarise`` dict as "mean ± std (n)" for a table; "–" when nothing was measured."""
+    if not s or s.get("n", 0) == 0:
+        return "–"
+    text = f"{fmt_num(s['mean'], fmt)} ± {fmt_num(s['std'], std_fmt or fmt)}"
+    return f"{text} ({s['n']})" if n else text
+
+
 def paired_test(a: Sequence[float], b: Sequence[float]) -> tuple[float | None, float | None]:
     """Mean of ``a - b`` and the two-sided paired t-test p-value.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.observe.stats import summarise
+from foltr_async.observe.stats import mean_std, summarise
 
 HEADER = (
     "variant",
@@ -81,12 +81,6 @@ def unlearning_results(variants: dict[str, list[dict]]) -> dict:
     return out
 
 
-def _ms(s: dict | None, fmt: str) -> str:
-    if not s or s["mean"] is None:
-        return "–"
-    return f"{s['mean']:{fmt}} ± {s['std']:{fmt}} (n {s['n']})"
-
-
 def render_unlearning_md(block: dict) -> list[str]:
     """summary.md's unlearning section (nothing when no variant unlearned)."""
     if not block:
@@ -106,8 +100,12 @@ def render_unlearning_md(block: dict) -> list[str]:
         share = u["interactions_of_retraining"]
         of = f" ({share['mean']:.1%})" if share["mean"] is not None else ""
         rounds, inter, msgs = (u[k]["mean"] for k in ("rounds", "interactions", "messages"))
+        l2, cosine = (
+            mean_std(u["l2_to_retrained"], ".4g"),
+            mean_std(u["cosine_to_retrained"], ".4f"),
+        )
         lines.append(
             f"| {name} | {u['strategy']} | {rounds:,.0f} | {inter:,.0f}{of} | {msgs:,.0f} | "
-            f"{_ms(u['l2_to_retrained'], '.4g')} | {_ms(u['cosine_to_retrained'], '.4f')} |"
+            f"{l2} | {cosine} |"
         )
     return lines
