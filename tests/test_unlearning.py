@@ -151,6 +151,8 @@ def test_pga_and_fedremove_refuse_what_they_cannot_make_true():
     sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.participation=0.5"])
     with pytest.raises(ScenarioError, match="'pga' needs a reference model"):
         run(Simulation(sc.variants["7H-3M-pga"], 1, Observer()).run())
-    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.relevance_reset=true"])
+    sc = load_scenario(
+        STRATEGIES, ["federation.rounds=2", "federation.params.relevance_reset=true"]
+    )
     with pytest.raises(ScenarioError, match="relevance_reset: expected a timeline 'unlearn'"):
         run(Simulation(sc.variants["7H-0M"], 1, Observer()).run())
