@@ -500,6 +500,14 @@ class ProtocolRun(Checkpointed, ABC):
     def client(self, agent_id: str, queries: np.ndarray, rng: np.random.Generator) -> Agent:
         """A new honest client agent owning these query numbers."""
 
+    def before_agents(
+        self, queries: Mapping[str, np.ndarray], timeline: list[tuple[str, list[str]]]
+    ) -> None:
+        """Called in every process of the run before any agent is built, with each client's
+        (attackers' too) query numbers and the timeline's actions and the agents they name
+        (FPDGD's relevance reset relabels the data of the clients that will ask to be
+        forgotten)."""
+
     def attach_server(self, server: ServerAgent) -> None:
         """Called once the server agent exists (e.g. to keep it: the round being played, a
         sender for the strategy's declared handlers)."""

@@ -311,6 +311,19 @@ class Simulation:
             )
         if flgo is not None:
             ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
+        # the agents' ids as they will be built: the timeline names them before they exist
+        self.groups["clients"] = [client_id(i) for i in range(fed["clients"])]
+        self.groups["attackers"] = [client_id(i) for i in range(fed["clients"], n_clients)]
+        self.groups["eavesdroppers"] = [
+            f"eve-{k}"
+            for k in range(sum(g["count"] for g in cfg["agents"] if g["role"] != "attacker"))
+        ]
+        timeline = [
+            (item["action"], self._resolve(item["agents"], f"timeline[{i}].agents"))
+            for i, item in enumerate(cfg["timeline"])
+        ]
+        self.groups = {group: [] for group in self.groups}
+        proto.before_agents({client_id(i): q for i, q in enumerate(queries)}, timeline)
         for i in range(fed["clients"]):
             aid = client_id(i)
             self._place(
@@ -338,8 +351,6 @@ class Simulation:
                         ctx, proto, g, aid, q, ctx.rng("agent", aid)
                     ),
                 )
-        for i, item in enumerate(cfg["timeline"]):  # now, not when the round comes
-            self._resolve(item["agents"], f"timeline[{i}].agents")
         return proto
 
     def _place(self, aid: str, group: str, make: Callable[[], Agent]) -> None:

@@ -4,6 +4,9 @@
   reversed, never stop) — untargeted data poisoning (Wang & Zuccon, ICTIR 2023).
 - ``scaled_reversal``: M_mal = -z * M_local, the unlearning evaluation's attack (Wang, Liu &
   Zuccon, ECIR 2024): equivalently the update -z * Delta_local - (z + 1) * M_global.
+- ``gradient_reversal``: every local PDGD step's gradient g becomes -2 gamma g + mu, gamma ~
+  U(1, 2) and mu ~ N(mean(g), std(g)) per coordinate, drawn each step: the model poisoning of the
+  unlearning-for-FOLTR reproducibility study (Tao et al., SIGIR 2025; its code's client).
 - ``lie``: "A Little Is Enough" (Baruch, Baruch & Goldberg, NeurIPS 2019): every colluder sends
   mu - z * sigma per coordinate.
 - ``fang``: local model poisoning (Fang, Cao, Jia & Gong, USENIX Security 2020), crafted against
@@ -85,6 +88,24 @@ class ScaledReversalClient(AttackerClient):
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         local = await super().make_update(round, start)
         return -self.z * local if self.attacking else local
+
+
+class GradientReversalClient(AttackerClient):
+    """Trains with every step's gradient reversed, amplified and noised (while attacking)."""
+
+    def __init__(self, agent_id, ctx, queries, rng, *, attacking: bool) -> None:
+        super().__init__(agent_id, ctx, queries, rng, attacking=attacking)
+        self.on_attack(attacking)
+
+    def on_attack(self, start: bool) -> None:
+        super().on_attack(start)
+        self.learner.step_transform = reversed_gradient if start else None
+
+
+def reversed_gradient(g: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """-2 gamma g + mu, gamma ~ U(1, 2), mu ~ N(mean(g), std(g)) per coordinate."""
+    gamma = rng.uniform(1.0, 2.0)
+    return -2.0 * gamma * g + rng.normal(g.mean(), g.std(), g.shape)
 
 
 # --------------------------------------------------------------------------- crafting (pure)
@@ -471,6 +492,16 @@ PROVIDES = (
         (NAME,),
         ReversalParams,
         _build_reversal,
+    ),
+    BehaviourEntry(
+        "gradient_reversal",
+        "attacker",
+        "trains with every step's gradient g as -2 gamma g + N(mean g, std g) (Tao et al. 2025)",
+        (NAME,),
+        AttackParams,
+        lambda ctx, proto, g, aid, q, rng: GradientReversalClient(
+            aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
+        ),
     ),
     BehaviourEntry(
         "lie",

@@ -52,6 +52,16 @@ from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
 from foltr_async.protocols.learner import learner_paths
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
+from foltr_async.protocols.unlearning import (
+    ReplayStrategy,
+    calibrate,
+    high_loss_queries,
+    mean_reset_loss,
+    pga_radius,
+    project,
+    reference_model,
+    relabelled,
+)
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
 from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
@@ -70,13 +80,31 @@ UNLEARN = "unlearn.request"
 CALIBRATE = "fpdgd.calibrate"
 CALIBRATED = "fpdgd.calibrated"
 #: how a leaver is forgotten when training ends (``federation.params.unlearning``)
-UNLEARNING = ("federaser", "retrain", "finetune", "original")
+UNLEARNING = ("federaser", "retrain", "finetune", "pga", "fedremove", "original")
+#: the strategies that train the remaining clients after training (outside DP's accounting)
+RETRAINING = ("retrain", "finetune", "pga")
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (
-    Kind(MODEL, {"params": Array("float64", ndim=1), "shares": Opt(Int(min=1))}),
+    # ``restart``: retraining's first round: the clients start their generators over
+    Kind(
+        MODEL,
+        {
+            "params": Array("float64", ndim=1),
+            "shares": Opt(Int(min=1)),
+            "restart": Opt(Int(min=1, max=1)),
+        },
+    ),
     Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
-    Kind(UNLEARN, {"client": Str(max_len=64)}),
+    # PGA: the leaver's model after its gradient ascent, and the ascent's interactions
+    Kind(
+        UNLEARN,
+        {
+            "client": Str(max_len=64),
+            "params": Opt(Array("float64", ndim=1)),
+            "n_interactions": Opt(Int(min=0)),
+        },
+    ),
     Kind(CALIBRATE, {"params": Array("float64", ndim=1), "stored_round": Int(min=0)}),
     Kind(CALIBRATED, {"update": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
 )
@@ -104,12 +132,37 @@ class Params:
         "federaser",
         "how the leavers are forgotten when training ends: federaser (calibrated re-training "
         "from the updates stored every store_every rounds), retrain (from the initial model, "
-        "without them), finetune (the trained model trained on by the remaining clients), "
-        "original (kept as trained: the do-nothing baseline)",
+        "without them), finetune (the trained model trained on by the remaining clients), pga "
+        "(each leaver's projected gradient ascent from its reference model, then the remaining "
+        "clients train on), fedremove (the server replays its stored updates without the "
+        "leavers'), original (kept as trained: the do-nothing baseline)",
         choices=UNLEARNING,
     )
     unlearn_rounds: int = param(
-        0, "unlearning: rounds retrain / finetune play (0: as many as training played)", min=0
+        0,
+        "unlearning: rounds retrain / finetune / pga's post-training play (0: as many as "
+        "training played)",
+        min=0,
+    )
+    pga_steps: int = param(
+        0, "pga: gradient-ascent interactions of each leaver (0: one per query it owns)", min=0
+    )
+    pga_radius: float = param(
+        2.0,
+        "pga: the ball's radius around the reference model, in mean distances from it to random "
+        "N(0, 0.01^2) models (the study's code: 2)",
+        min=0.0,
+    )
+    fedremove_replay: str = param(
+        "updates",
+        "fedremove: replay the remaining clients' stored updates from the initial model "
+        "(updates) or set each round's model to their stored models (models: the study's code)",
+        choices=("updates", "models"),
+    )
+    relevance_reset: bool = param(
+        False,
+        "before training, relabel the leavers' queries of above-median loss upside down (the "
+        "study's relevance-reset check; results: unlearning.relevance_reset)",
     )
     store_every: int = param(10, "unlearning: clients store their update every N rounds", min=1)
     calibration_steps: int = param(2, "unlearning: local interactions n' per calibration", min=1)
@@ -134,14 +187,6 @@ def gamma_noise(rng: np.random.Generator, n_shares: int, scale: float, size: int
     of them sum to Laplace(scale), k of them to gamma - gamma' with Gamma(k / n_shares)."""
     shape = 1.0 / max(1, n_shares)
     return rng.gamma(shape, scale, size) - rng.gamma(shape, scale, size)
-
-
-def calibrate(stored: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """FedEraser calibration: the new update's direction with the stored update's length."""
-    norm_new = float(np.linalg.norm(new))
-    if norm_new == 0.0:
-        return np.zeros_like(new)
-    return float(np.linalg.norm(stored)) * new / norm_new
 
 
 class FPDGDClient(OnlineClient):
@@ -171,12 +216,16 @@ class FPDGDClient(OnlineClient):
         self.shares = ctx.n_clients
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        unlearns = (
-            self.unlearns and UNLEARN_ACTION in ctx.timeline_actions and p.unlearning == "federaser"
-        )
-        self.store_every = p.store_every if unlearns else None
+        unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
+        self.store_every = p.store_every if unlearns and p.unlearning == "federaser" else None
         self.calibration_steps = p.calibration_steps if unlearns else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
+        #: its generator's first state: retraining reruns the federation from the same seeds
+        self.rng_start = self.rng.bit_generator.state
+        #: pga: (round, the model this client last sent) and the reference model it gives
+        self.pga = unlearns and p.unlearning == "pga"
+        self.sent: tuple[int, np.ndarray] | None = None
+        self.reference: np.ndarray | None = None
         # this device's time per interaction: the protocol's, scaled by the system model
         self.compute_time = p.compute_time * ctx.compute_scale(agent_id)
 
@@ -212,6 +261,8 @@ class FPDGDClient(OnlineClient):
     async def on_model(self, env) -> None:
         start = env.body["params"]
         users = self.users
+        if env.body.get("restart"):
+            self.rng.bit_generator.state = self.rng_start
         if env.body.get("shares"):
             self.shares = env.body["shares"]
         if users.arrivals is not None:  # a replayed log: the queries issued since last time
@@ -222,7 +273,12 @@ class FPDGDClient(OnlineClient):
                 return
         else:
             self.interactions = self.ctx.local_work(self.id, self.batch)
+        if self.pga and self.sent is not None and self.sent[0] == env.round - 1:
+            # the global model without this client's last contribution (FedAvg of n equal ones)
+            self.reference = reference_model(start, self.sent[1], self.ctx.n_clients)
         theta = await self.make_update(env.round, start)
+        if self.pga:
+            self.sent = (env.round, theta)
         if self.store_every and env.round % self.store_every == 0:
             self.stored[env.round] = theta - start
         # reply() masks the update when secure aggregation is on (else it is self.send)
@@ -241,6 +297,26 @@ class FPDGDClient(OnlineClient):
             n = self.calibration_steps
             update = calibrate(stored, await self.local_train(start, n) - start)
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
+
+    async def forget(self) -> dict:
+        """PGA, before it leaves: gradient ascent on its own users' clicks (PDGD's step
+        reversed) from its reference model, projected back into the ball around it after every
+        step; what it sends with its request (nothing before it has a reference model)."""
+        reference = self.reference
+        if reference is None:
+            return {}
+        p = self.ctx.params
+        steps = p.pga_steps or len(self.users.queries)
+        radius = pga_radius(reference, p.pga_radius, self.rng)
+        learner = self.learner
+        learner.lr = -learner.lr
+        theta = reference
+        try:
+            for _ in range(steps):
+                theta = project(await self.local_train(theta, 1), reference, radius)
+        finally:
+            learner.lr = -learner.lr
+        return {"params": theta, "n_interactions": steps}
 
 
 def replayed(ctx: RunContext, what: str, n: int = 1) -> None:
@@ -261,10 +337,20 @@ class FPDGDStrategy(ModelStrategy):
         self.leavers: dict[str, int] = {}  # client id -> round of its request
         self.shares: dict[int, int] = {}  # DP: round -> clients its noise was split over
         self.interactions = 0  # the interactions of every update aggregated so far
+        #: retraining's first round, whose model tells the clients to restart their generators
+        self.restart_round: int | None = None
+        #: pga: each leaver's model after its ascent and the ascent's interactions
+        self.ascended: dict[str, tuple[np.ndarray, int]] = {}
+        #: fedremove: every aggregated round's model before it and its (client, model, weight)
+        self.history: list | None = None
+        #: relevance reset: the relabelled training queries whose loss ``evaluate`` reports
+        self.reset_queries: list[int] = []
 
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
         body = self.configure_round(round)
+        if round == self.restart_round:
+            body = {**body, "restart": 1}
         if self.ctx.params.dp:
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
@@ -272,7 +358,21 @@ class FPDGDStrategy(ModelStrategy):
 
     def aggregate(self, round: int, replies: list) -> dict:
         self.interactions += sum(int(r.body["n_interactions"]) for r in replies)
+        if self.history is not None:
+            sent = [(r.src, np.array(r.body["params"]), r.body["n_interactions"]) for r in replies]
+            self.history.append((self.model.copy(), sent))
         return super().aggregate(round, replies)
+
+    def evaluate(self) -> dict[str, float]:
+        metrics = super().evaluate()
+        if self.reset_queries:
+            metrics["relevance_reset_loss"] = self.reset_loss()
+        return metrics
+
+    def reset_loss(self) -> float:
+        """The relevance-reset loss of the global model on the relabelled queries."""
+        self.ranker.set_params(self.model)
+        return mean_reset_loss(self.ranker, self.ctx.data.train, self.reset_queries)
 
     def max_abs(self) -> float:
         """With DP, a share of the Laplace(Delta / epsilon) noise rides on every coordinate."""
@@ -282,6 +382,12 @@ class FPDGDStrategy(ModelStrategy):
     @handles(UNLEARN)
     def on_unlearn_request(self, env) -> None:
         self.leavers.setdefault(env.body["client"], env.round)
+        if env.body.get("params") is not None:
+            bad = screen_reply(env.body, {"params": self.model.size}, self.max_abs())
+            if bad is None:
+                self.ascended[env.body["client"]] = (env.body["params"], env.body["n_interactions"])
+            else:
+                self.ctx.emit("unlearn_model_refused", agent=env.body["client"], reason=bad[0])
         self.ctx.emit("unlearn_request", agent=env.body["client"], round=env.round)
 
 
@@ -338,14 +444,11 @@ class FPDGD(ProtocolRun):
                 "client with no new query sends an empty update without its noise share, so "
                 "the round's noise would not sum to the Laplace the accounting states)"
             )
-        if ctx.params.dp and ctx.params.unlearning in ("retrain", "finetune"):
-            raise ScenarioError(
-                f"federation.params.unlearning: {ctx.params.unlearning!r} with dp = true is not "
-                "supported (the privacy accounting covers the training rounds only); use "
-                "'federaser' or 'original', or dp = false"
-            )
+        refuse_unlearning(ctx)
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
+        if ctx.params.unlearning == "fedremove" and UNLEARN_ACTION in ctx.timeline_actions:
+            self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
@@ -354,10 +457,25 @@ class FPDGD(ProtocolRun):
     def attach_server(self, server) -> None:
         self.server = server  # a request is stamped with the round being played
 
+    def before_agents(self, queries: dict, timeline: list) -> None:
+        """Relevance reset: relabel each leaver's queries of above-median loss under the initial
+        model, in the training set every client of the run reads."""
+        if not self.ctx.params.relevance_reset:
+            return
+        ctx = self.ctx
+        ranker, train = ctx.new_ranker(), ctx.data.train
+        leavers = sorted({a for action, ids in timeline if action == UNLEARN_ACTION for a in ids})
+        reset = sorted(q for a in leavers for q in high_loss_queries(ranker, train, queries[a]))
+        ctx.data = replace(ctx.data, train=relabelled(train, reset, ctx.data.n_grades))
+        self.strategy.reset_queries = reset
+
     async def act(self, agent: Agent, action: str) -> None:
         if action != UNLEARN_ACTION:
             return await super().act(agent, action)
-        agent.send("server", UNLEARN, {"client": agent.id}, self.server.plan_round)
+        body = {"client": agent.id}
+        if getattr(agent, "pga", False):
+            body |= await agent.forget()
+        agent.send("server", UNLEARN, body, self.server.plan_round)
         await agent.leave()  # the leaver never participates again
 
     async def finish(self, server, reports: list) -> None:
@@ -369,12 +487,20 @@ class FPDGD(ProtocolRun):
             return
         method = self.ctx.params.unlearning
         self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
+        trained_loss = self.strategy.reset_loss() if self.strategy.reset_queries else None
         if method == "federaser":
             done = await self._calibrate(server)
         elif method == "original":
             done = [], 0
+        elif method == "pga":
+            done = await self._ascend_and_train(server, reports)
+        elif method == "fedremove":
+            done = await self._replay(server, set(leavers))
+        elif method == "retrain":  # from the same seeds: as if they had never taken part
+            self.strategy.restart_round = self.last_round + 1
+            done = await self._train_on(server, reports, self.ctx.new_ranker().get_params())
         else:
-            done = await self._retrain(server, reports, from_scratch=method == "retrain")
+            done = await self._train_on(server, reports, None)
         if done is None:
             return
         phase, interactions = done
@@ -388,9 +514,21 @@ class FPDGD(ProtocolRun):
             # retraining = every training round again, without the leavers
             **self._retrain_cost(reports, len(leavers)),
         }
+        d = self.strategy.model.size
         if method == "federaser":
-            d = self.strategy.model.size
             self.cost["storage_bytes_per_client"] = len(phase) * d * 8
+        if method == "fedremove":
+            stored = sum(1 + len(sent) for _, sent in self.strategy.history)
+            self.cost["storage_bytes_server"] = stored * d * 8
+        if trained_loss is not None:
+            unlearned_loss = self.strategy.reset_loss()
+            self.cost["relevance_reset"] = {
+                "queries": len(self.strategy.reset_queries),
+                "loss_trained": trained_loss,
+                "loss_unlearned": unlearned_loss,
+                # the study's RelR difference: how far unlearning undid the relabelling
+                "difference": unlearned_loss - trained_loss,
+            }
         self.ctx.emit("unlearn_done", **self.cost)
         # the model it ends with: the distance to a retrained variant's (observe/unlearning.py)
         self.cost["final_model"] = self.strategy.model.tolist()
@@ -417,13 +555,45 @@ class FPDGD(ProtocolRun):
         phase = await server.run_rounds(strategy, plan, first_round=self.last_round + 1)
         return phase, sum(r.replied for r in phase) * p.calibration_steps
 
-    async def _retrain(self, server, reports: list, *, from_scratch: bool) -> tuple[list, int]:
-        """Retrain (from the initial model) or fine-tune (from the trained one): FPDGD rounds
-        of the remaining clients, as many as training played unless ``unlearn_rounds`` says.
-        The clients go on from where training left their data and randomness."""
+    async def _ascend_and_train(self, server, reports: list) -> tuple[list, int] | None:
+        """PGA: the leavers' ascended models averaged (by their interactions), then trained on
+        by the remaining clients (None when no leaver could ascend: none had a reference)."""
+        ascended = self.strategy.ascended
+        if not ascended:
+            self.ctx.emit("unlearn_skipped", reason="no leaver sent an ascended model")
+            return None
+        models = np.stack([m for m, _ in ascended.values()])
+        weights = np.array([max(1, n) for _, n in ascended.values()], dtype=np.float64)
+        phase, interactions = await self._train_on(
+            server, reports, weights @ models / weights.sum()
+        )
+        return phase, interactions + sum(n for _, n in ascended.values())
+
+    async def _replay(self, server, leavers: set[str]) -> tuple[list, int] | None:
+        """FedRemove: one server-side round per stored training round, no client asked."""
+        history = self.strategy.history
+        if not history:
+            self.ctx.emit("unlearn_skipped", reason="no aggregated round stored")
+            return None
+        replay = ReplayStrategy(self.strategy, history, leavers, self.ctx.params.fedremove_replay)
+        replay.first_round = self.last_round + 1
+        waits, server.wait_empty = server.wait_empty, False  # the server's own work: no wait
+        try:
+            phase = await server.run_rounds(
+                replay, replace(server.plan, rounds=len(history)), first_round=replay.first_round
+            )
+        finally:
+            server.wait_empty = waits
+        return phase, 0
+
+    async def _train_on(self, server, reports: list, start: np.ndarray | None) -> tuple[list, int]:
+        """FPDGD rounds of the remaining clients from ``start`` (None: the trained model), as
+        many as training played unless ``unlearn_rounds`` says: retraining from the initial
+        model (the clients' generators restarted), fine-tuning and PGA's post-training (the
+        clients go on from where training left their randomness)."""
         strategy = self.strategy
-        if from_scratch:
-            strategy.model = self.ctx.new_ranker().get_params()
+        if start is not None:
+            strategy.model = start
         before = strategy.interactions
         rounds = self.ctx.params.unlearn_rounds or len(reports)
         phase = await server.run_rounds(
@@ -486,6 +656,40 @@ class FPDGD(ProtocolRun):
             },
             **account(mechs, self.taken_part, clients, curve, p.accounting_delta),
         }
+
+
+def refuse_unlearning(ctx: RunContext) -> None:
+    """One line for an unlearning setting the run could not make true."""
+    p, fed = ctx.params, ctx.cfg["federation"]
+    key = "federation.params.unlearning"
+    if p.dp and p.unlearning in RETRAINING:
+        raise ScenarioError(
+            f"{key}: {p.unlearning!r} with dp = true is not supported (the privacy accounting "
+            "covers the training rounds only); use 'federaser', 'fedremove' or 'original', or "
+            "dp = false"
+        )
+    if p.unlearning in ("pga", "fedremove") and ctx.secure_aggregation:
+        raise ScenarioError(
+            f"{key}: {p.unlearning!r} needs each client's update, which secure aggregation "
+            "hides; expected federation.secure_aggregation off"
+        )
+    if p.unlearning == "pga" and (
+        fed["participation"] < 1.0 or fed["aggregator"] != "fedavg" or ctx.data.logs is not None
+    ):
+        raise ScenarioError(
+            f"{key}: 'pga' needs a reference model a leaver can compute (the global model as "
+            "the FedAvg of every client's equal share): expected participation = 1, "
+            "aggregator = 'fedavg' and a LETOR dataset"
+        )
+    if p.relevance_reset and (
+        UNLEARN_ACTION not in ctx.timeline_actions
+        or fed.get("partition")
+        or ctx.data.logs is not None
+    ):
+        raise ScenarioError(
+            "federation.params.relevance_reset: expected a timeline 'unlearn' action (whose "
+            "clients' queries are relabelled), no [federation.partition] and a LETOR dataset"
+        )
 
 
 #: what this module provides: ``foltr_async.plugins.load_plugins`` installs it

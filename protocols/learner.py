@@ -18,6 +18,7 @@ float rounding.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -49,6 +50,7 @@ WHY = {
     "clicks": "a click model other than cascade, position-based or a mixture of them",
     "shared": "shared data in another training set",
     "pool": "no batched pool in this run",
+    "step": "a transform of every step's gradient (an attack's)",
 }
 PATHS = (BATCHED, *(f"{ONE_QUERY}: {why}" for why in WHY.values()))
 
@@ -86,7 +88,9 @@ class PDGDLearner:
     ``clip``: (bound, norm order) applied to the weights after every step (FPDGD's DP), or None;
     ``mu``: FedProx's proximal term, ``-lr mu (w - start)`` per step; ``shared_users``: users of
     shared data (non-IID data sharing) whose queries are mixed in with the client's own;
-    ``shows``: its users' rankings are logged in batches (``show``, centralised PDGD's clients).
+    ``shows``: its users' rankings are logged in batches (``show``, centralised PDGD's clients);
+    ``step_transform`` (set by an attacker): ``f(gradient, rng)`` replaces every step's PDGD
+    gradient, one query at a time.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class PDGDLearner:
         self.clip = clip
         self.mu = mu
         self.shared_users: Users | None = None
+        self.step_transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None
         #: the run's pool for the batched path (created with the first learner that may use it,
         #: so a run prepares it before its rounds start)
         self.pool = train_pool(ctx) if lr is not None and batch_kind(self.ranker) else None
@@ -148,7 +153,9 @@ class PDGDLearner:
         """The path ``learn`` takes (one of ``PATHS``): ``BATCHED``, or one query at a time
         and why."""
         shared = self.shared_users
-        if self.pool is None:
+        if self.step_transform is not None:
+            why = "step"
+        elif self.pool is None:
             why = "pool" if batch_kind(self.ranker) else "ranker"
         elif not batchable_clicks(self.users.click_model) or (
             shared is not None and not batchable_clicks(shared.click_model)
@@ -205,7 +212,7 @@ class PDGDLearner:
             if not shown.clicks.any() and self.mu == 0.0:
                 continue
             theta = ranker.get_params()
-            step = self.lr * pdgd_gradient(
+            gradient = pdgd_gradient(
                 ranker,
                 shown.features,
                 shown.ranking,
@@ -213,6 +220,9 @@ class PDGDLearner:
                 shown.scores,
                 compiled_pair_weights,
             )
+            if self.step_transform is not None:
+                gradient = self.step_transform(gradient, self.rng)
+            step = self.lr * gradient
             if self.mu:
                 step -= self.lr * self.mu * (theta - start)
             theta = theta + step

@@ -18,6 +18,7 @@ from foltr_async.protocols.attacks import (
     fang_trimmed,
     lie_update,
     lie_z,
+    reversed_gradient,
 )
 from foltr_async.protocols.fpdgd import UPDATE
 from foltr_async.runtime.clock import run
@@ -283,3 +284,35 @@ def test_scenario_files_validate(name):
         if name != "eavesdropper":
             m = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
             assert fed["clients"] + m == 10
+
+
+def test_gradient_reversal_poisons_every_step_and_says_its_path(tmp_path, mq2008_dir):
+    """The unlearning study's model poisoning against FedAvg: it lowers nDCG, and its learners'
+    interactions are counted on the one-query path that names the step transform."""
+    sc = load_scenario(
+        scenario(
+            tmp_path,
+            mq2008_dir,
+            """
+[variants.reversed]
+agents = [{ behaviour = "gradient_reversal", count = 3 }]
+""",
+        ),
+        ["federation.aggregator=fedavg"],
+    )
+    clean = simulate(sc.variants["clean"])
+    poisoned = simulate(sc.variants["reversed"])
+    assert poisoned["offline"]["ndcg@10"][-1] < clean["offline"]["ndcg@10"][-1] - 0.03
+    paths = poisoned["learner_interactions"]
+    assert paths["one query at a time: a transform of every step's gradient (an attack's)"] == (
+        3 * 30 * 4
+    )
+    assert paths["batched"] == 7 * 30 * 4
+
+
+def test_reversed_gradient_is_amplified_against_g_with_its_spread():
+    rng = np.random.default_rng(0)
+    g = np.array([1.0, -1.0, 2.0, 0.0])
+    out = np.stack([reversed_gradient(g, rng) for _ in range(4000)])
+    # E[-2 gamma g + mu] = -3 g + mean(g), gamma ~ U(1, 2)
+    assert np.allclose(out.mean(axis=0), -3.0 * g + g.mean(), atol=0.1)

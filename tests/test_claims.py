@@ -17,7 +17,7 @@ from foltr_async.provenance import code_stamp
 from foltr_async.reproduction import verdict as V
 from foltr_async.reproduction.claims import _words, check_quotes, load_claims
 from foltr_async.reproduction.records import load_records, make_record, write_record
-from foltr_async.reproduction.report import differences, evaluate, render
+from foltr_async.reproduction.report import _claim_line, differences, evaluate, render
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ROOT.parent / "shared" / "seeds"
@@ -125,6 +125,22 @@ def test_a_bad_claims_file_is_one_line_naming_the_key(tmp_path, edit, message):
 def test_a_claim_id_is_used_once(tmp_path):
     with pytest.raises(ScenarioError, match="'dp-lower' is used twice"):
         load_claims(write(tmp_path, STUDY + CLAIM + CLAIM))
+
+
+def test_a_study_outside_the_seeds_is_read_from_its_repository_figures(tmp_path):
+    """A study whose text is not a seed names its repository; its claims name a figure, no
+    lines, and are not held against a seed text (there is none to quote)."""
+    repo_study = STUDY.replace('file = "001_b76816e974be733a.txt"', 'repository = "o/r"')
+    figure = CLAIM.replace("lines = [3, 3]", "").replace('place = "title", ', 'place = "fig.png"')
+    claims = load_claims(write(tmp_path, repo_study + figure))
+    assert check_quotes(claims, tmp_path) == []  # no seed folder needed
+    [claim] = claims.claims
+    assert "read from the figure `fig.png` of GitHub `o/r`" in _claim_line(claim)
+    with pytest.raises(ScenarioError, match="claim.source.lines: expected none"):
+        load_claims(write(tmp_path, repo_study + CLAIM))
+    both = STUDY.replace('title = "FPDGD"', 'title = "FPDGD"\nrepository = "o/r"')
+    with pytest.raises(ScenarioError, match="studies.fpdgd: expected a seed file or a repository"):
+        load_claims(write(tmp_path, both + CLAIM))
 
 
 @needs_seeds

@@ -53,7 +53,7 @@ def test_importing_every_module_leaves_the_registries_empty_until_loaded():
     )
     assert out[0] == "[0, 0, 0, 0, 0, 0, False, 0]"
     p, b, a, kinds, summable, schemes, part, eve = eval(out[1])  # noqa: S307 (our own output)
-    assert (p, b, a, schemes, part, eve) == (8, 10, 5, 1, True, 2)
+    assert (p, b, a, schemes, part, eve) == (8, 11, 5, 1, True, 2)
     assert kinds > 30 and summable == 2
     assert out[2] == "True True True ['fedavgm', 'fpdgd']"
 

@@ -7,8 +7,9 @@ import pytest
 from scipy import stats
 
 from foltr_async.protocols.foltr_es import LEVELS, epsilon_bound, perturbation, privatise
-from foltr_async.protocols.fpdgd import calibrate, gamma_noise
+from foltr_async.protocols.fpdgd import gamma_noise
 from foltr_async.protocols.learner import clip_norm
+from foltr_async.protocols.unlearning import calibrate
 from foltr_async.runtime.codec import DropMessage, Envelope, decode, encode
 
 MESSAGES = [

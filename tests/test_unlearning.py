@@ -66,13 +66,21 @@ def test_each_strategy_forgets_three_poisoners_at_its_own_cost():
     mean = {v: np.mean(s) for v, s in scores.items()}
     clean, attacked = mean["7H-0M"], mean["7H-3M"]
     assert attacked < clean - 0.1, mean  # three poisoners hurt
-    for name in ("7H-3M-retrain", "7H-3M-finetune", "7H-3M-federaser"):
-        assert mean[name] > attacked + 0.1, (name, mean)  # forgetting them recovers
-    # retraining and fine-tuning play training's 40 rounds with the 7 remaining clients
+    for name in ("retrain", "finetune", "federaser", "pga", "fedremove"):
+        assert mean[f"7H-3M-{name}"] > attacked + 0.1, (name, mean)  # forgetting them recovers
+    # retraining, fine-tuning and PGA's post-training play training's 40 rounds with the 7
+    # remaining clients; PGA's leavers first ascend once per query they own
+    for name in ("7H-3M-retrain", "7H-3M-finetune", "7H-3M-pga"):
+        assert costs[name]["rounds"] == 40 and costs[name]["messages"] == 2 * 40 * 7
     for name in ("7H-3M-retrain", "7H-3M-finetune"):
-        assert costs[name]["rounds"] == 40 and costs[name]["interactions"] == 40 * 7 * 5
-        assert costs[name]["messages"] == 2 * 40 * 7
+        assert costs[name]["interactions"] == 40 * 7 * 5
+    assert costs["7H-3M-pga"]["interactions"] > 40 * 7 * 5
     assert costs["7H-3M-federaser"]["rounds"] == 4  # one per stored round: 40 / Delta_t
+    # FedRemove replays the 40 stored rounds on the server: no client works, nothing is sent
+    fedremove = costs["7H-3M-fedremove"]
+    assert fedremove["rounds"] == 40 and fedremove["interactions"] == fedremove["messages"] == 0
+    # the model and 10 updates of 46 weights per round, 7 in the last (the leavers are gone)
+    assert fedremove["storage_bytes_server"] == (39 * (1 + 10) + 1 + 7) * 46 * 8
     assert costs["7H-3M-original"]["rounds"] == costs["7H-3M-original"]["interactions"] == 0
     leavers = ["client-0007", "client-0008", "client-0009"]
     assert all(c["clients"] == leavers for c in costs.values() if c)
@@ -94,3 +102,57 @@ def test_retraining_with_dp_is_refused_in_one_line():
     sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.dp=true"])
     with pytest.raises(ScenarioError, match="'retrain' with dp = true is not supported"):
         run(Simulation(sc.variants["7H-3M-retrain"], 1, Observer()).run())
+
+
+def test_retraining_is_the_federation_that_never_had_the_forgotten_clients():
+    """Retraining reruns the remaining clients from their seeds: its model is, bit for bit,
+    that of the same federation whose three poisoners left before the first round."""
+    sc = load_scenario(STRATEGIES, ["federation.rounds=20"])
+    retrained = Simulation(sc.variants["7H-3M-retrain"], 1, Observer())
+    run(retrained.run())
+    leave_at_once = 'timeline=[{round = 1, action = "leave", agents = ["attackers"]}]'
+    never = load_scenario(STRATEGIES, ["federation.rounds=20", leave_at_once])
+    without = Simulation(never.variants["7H-3M"], 1, Observer())
+    result = run(without.run())
+    assert result["rounds"][-1] == 20
+    assert np.array_equal(retrained.proto.strategy.model, without.proto.strategy.model)
+
+
+def test_the_relevance_reset_tells_a_model_that_kept_the_relabelling():
+    """Three honest clients whose hardest queries were relabelled upside down ask to be
+    forgotten: unlearning raises the loss on those labels; the original model keeps it."""
+    forgotten = 'agents = ["client-0007", "client-0008", "client-0009"]'
+    sc = load_scenario(
+        STRATEGIES,
+        [
+            "federation.rounds=30",
+            "federation.clients=10",
+            "agents=[]",
+            f'timeline=[{{round = -1, action = "unlearn", {forgotten}}}]',
+            "federation.params.relevance_reset=true",
+        ],
+    )
+    differences = {name: [] for name in ("original", "retrain", "finetune", "pga", "fedremove")}
+    for seed in (1, 2):
+        trained = set()
+        for name, diffs in differences.items():
+            _, result = final(sc.variants[f"7H-3M-{name}"], seed)
+            reset = result["unlearning"]["relevance_reset"]
+            diffs.append(reset["difference"])
+            trained.add(reset["loss_trained"])
+            assert "relevance_reset_loss" in result["offline"]  # its curve, every evaluation
+        assert len(trained) == 1  # one training for every strategy
+    assert differences["original"] == [0.0, 0.0]
+    for name in ("retrain", "finetune", "pga", "fedremove"):
+        assert np.mean(differences[name]) > 0.02, differences
+
+
+def test_pga_and_fedremove_refuse_what_they_cannot_make_true():
+    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.participation=0.5"])
+    with pytest.raises(ScenarioError, match="'pga' needs a reference model"):
+        run(Simulation(sc.variants["7H-3M-pga"], 1, Observer()).run())
+    sc = load_scenario(
+        STRATEGIES, ["federation.rounds=2", "federation.params.relevance_reset=true"]
+    )
+    with pytest.raises(ScenarioError, match="relevance_reset: expected a timeline 'unlearn'"):
+        run(Simulation(sc.variants["7H-0M"], 1, Observer()).run())

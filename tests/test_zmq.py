@@ -291,7 +291,8 @@ async def test_garbage_control_frames_are_counted_once_with_one_warning_per_reas
 
 
 def test_local_workers_match_the_memory_run_with_one_frame_per_worker(tmp_path, mq2008_dir):
-    """The headline shape (an attacker hosted by the server, unlearning, calibration rounds) and
+    """The headline shape (an attacker hosted by the server, unlearning, calibration rounds),
+    PGA with the relevance reset (leavers in two workers), FedRemove's server-side replay and
     FOLtR-ES (also with its authors' per-client streams, which live in the workers): a secure
     zmq run with 3 worker processes gives the memory run's metrics."""
     path = write_scenario(
@@ -304,6 +305,13 @@ agents = [{ behaviour = "scaled_reversal", count = 1 }]
 timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
 [variants.retrained]
 federation = { params = { unlearning = "retrain" } }
+agents = [{ behaviour = "scaled_reversal", count = 1 }]
+timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
+[variants.ascended]
+federation = { params = { unlearning = "pga", relevance_reset = true } }
+timeline = [{ round = -1, action = "unlearn", agents = ["client-0001", "client-0004"] }]
+[variants.removed]
+federation = { params = { unlearning = "fedremove" } }
 agents = [{ behaviour = "scaled_reversal", count = 1 }]
 timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
 [variants.es]
@@ -330,6 +338,9 @@ federation = { protocol = "foltr_es", params = { streams = "authors" } }
     paths = memory["variants"]["attacked"]["repeats"][0]["learner_interactions"]
     assert rep["learner_interactions"] == paths and paths["batched"] > 0
     assert rep["unlearning"]["clients"] == ["client-0006"]  # the server-hosted attacker left
+    ascended = z["variants"]["ascended"]["repeats"][0]["unlearning"]
+    assert ascended["relevance_reset"]["queries"] > 0
+    assert ascended == memory["variants"]["ascended"]["repeats"][0]["unlearning"]
     t = rep["transport"]
     assert t["kind"] == "zmq" and t["secure"] and t["workers"] == 3
     # 12 training + 4 calibration broadcasts, each reaching 3 workers once, while the clients

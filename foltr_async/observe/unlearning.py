@@ -6,7 +6,10 @@ final model. Retraining without the leavers is the gold standard the field measu
 when a variant of the run retrained (``strategy = "retrain"``, the same leavers), every other
 unlearning variant's final model is compared with the retrained one of the same fold and seed:
 its L2 distance and its cosine distance (1 - cos; a linear ranker's ranking depends only on the
-direction of its weights, so a model may be far in L2 and still rank alike).
+direction of its weights, so a model may be far in L2 and still rank alike). With the relevance
+reset on (``federation.params.relevance_reset``), the relevance-reset difference: the loss on the
+leavers' relabelled queries after unlearning minus after training (the study's RelR
+difference; 0 for a model left as trained, positive when the relabelling was unlearned).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ HEADER = (
     "messages",
     "L2 to retrained",
     "cosine distance to retrained",
+    "relevance-reset difference",
 )
 
 
@@ -68,6 +72,7 @@ def unlearning_results(variants: dict[str, list[dict]]) -> dict:
         share = [
             c["interactions"] / c["retrain_interactions"] for c in cs if c["retrain_interactions"]
         ]
+        reset = [c["relevance_reset"]["difference"] for c in cs if "relevance_reset" in c]
         out[name] = {
             "strategy": cs[0]["strategy"],
             "clients": len(cs[0]["clients"]),
@@ -77,6 +82,7 @@ def unlearning_results(variants: dict[str, list[dict]]) -> dict:
             "messages": summarise(c["messages"] for c in cs),
             "l2_to_retrained": summarise(l2) if against else None,
             "cosine_to_retrained": summarise(cosine) if against else None,
+            "relevance_reset_difference": summarise(reset) if reset else None,
         }
     return out
 
@@ -91,7 +97,10 @@ def render_unlearning_md(block: dict) -> list[str]:
         "",
         "Cost of each variant's unlearning phase (means over repeats), beside retraining's: "
         "every training round again without the forgotten clients. Distances: the final "
-        "model against the retrained variant's of the same fold and seed, mean ± sample std.",
+        "model against the retrained variant's of the same fold and seed, mean ± sample std. "
+        "Relevance-reset difference (with federation.params.relevance_reset): the loss on the "
+        "forgotten clients' relabelled queries after unlearning minus after training; 0 when "
+        "the model kept what it learned from them.",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
@@ -100,12 +109,13 @@ def render_unlearning_md(block: dict) -> list[str]:
         share = u["interactions_of_retraining"]
         of = f" ({share['mean']:.1%})" if share["mean"] is not None else ""
         rounds, inter, msgs = (u[k]["mean"] for k in ("rounds", "interactions", "messages"))
-        l2, cosine = (
+        l2, cosine, reset = (
             mean_std(u["l2_to_retrained"], ".4g"),
             mean_std(u["cosine_to_retrained"], ".4f"),
+            mean_std(u["relevance_reset_difference"], ".4f"),
         )
         lines.append(
             f"| {name} | {u['strategy']} | {rounds:,.0f} | {inter:,.0f}{of} | {msgs:,.0f} | "
-            f"{l2} | {cosine} |"
+            f"{l2} | {cosine} | {reset} |"
         )
     return lines

@@ -25,8 +25,13 @@ ONLINE = "online"
 
 @parameters
 class Study:
-    file: str = param(help="seed file name in the seeds folder")
     title: str = param(help="short name of the study")
+    file: str = param("", help="seed file name in the seeds folder")
+    repository: str = param(
+        "",
+        help="for a study whose text is not among the seeds: the public repository (owner/name) "
+        "whose figures its claims are read from",
+    )
 
 
 @parameters
@@ -37,7 +42,7 @@ class Topic:
 @parameters
 class Source:
     place: str = param(help="section, table or figure of the seed")
-    lines: list = param(help="[first, last] line of the quote", items=Field(int, min=1))
+    lines: list = param([], help="[first, last] line of the quote", items=Field(int, min=1))
 
 
 @parameters
@@ -116,6 +121,11 @@ def load_claims(path: Path) -> ClaimSet:
         key: Study.of(check_table(table, Study.FIELDS, str(path), f"studies.{key}"))
         for key, table in doc.get("studies", {}).items()
     }
+    for key, study in studies.items():
+        if bool(study.file) == bool(study.repository):
+            raise ScenarioError(
+                f"{path}: studies.{key}: expected a seed file or a repository, one of them"
+            )
     topics = {
         key: Topic.of(check_table(table, Topic.FIELDS, str(path), f"topics.{key}"))
         for key, table in doc.get("topics", {}).items()
@@ -137,7 +147,13 @@ def load_claims(path: Path) -> ClaimSet:
                     f"got {getattr(spec, key)!r}"
                 )
         source = Source.of(check_table(spec.source, Source.FIELDS, where, "claim.source"))
-        if len(source.lines) != 2 or source.lines[0] > source.lines[1]:
+        if studies[spec.study].repository:  # read from a figure: no lines to quote
+            if source.lines:
+                raise ScenarioError(
+                    f"{where}: claim.source.lines: expected none for study {spec.study!r}, "
+                    "whose findings are read from its repository's figures"
+                )
+        elif len(source.lines) != 2 or source.lines[0] > source.lines[1]:
             raise ScenarioError(
                 f"{where}: claim.source.lines: expected [first, last], got {source.lines!r}"
             )
@@ -177,6 +193,8 @@ def check_quotes(claims: ClaimSet, seeds: Path) -> list[str]:
     problems = []
     cache: dict[str, list[str]] = {}
     for c in claims.claims:
+        if not c.study.file:  # a reading of a repository's figure, not a quote
+            continue
         seed = seeds / c.study.file
         if c.study.file not in cache:
             try:

@@ -222,8 +222,7 @@ def section(e: Evaluated, records: dict[str, Record]) -> list[str]:
         f'<a id="{c.id}"></a>',
         f"### {c.id}: {c.title}",
         "",
-        f"**Claim** ({c.study.title}, `{c.study.file}` {c.source.place}, lines "
-        f'{c.source.lines[0]}-{c.source.lines[1]}): "{c.finding}"',
+        _claim_line(c),
         "",
     ]
     comps = "; ".join(
@@ -353,3 +352,17 @@ def differences(written: str, expected: str) -> list[str]:
     """The claims (and "(table)") whose part of ``written`` is not ``expected``'s."""
     a, b = _sections(written), _sections(expected)
     return [k for k in dict.fromkeys([*b, *a]) if a.get(k) != b.get(k)]
+
+
+def _claim_line(c) -> str:
+    """The finding and where it is: a quote at lines of a seed text, or a reading of a figure
+    of the study's repository (its text is not among the seeds)."""
+    if c.study.repository:
+        return (
+            f"**Claim** ({c.study.title}, read from the figure `{c.source.place}` of GitHub "
+            f"`{c.study.repository}`; the paper's text is not among the seeds): {c.finding}"
+        )
+    return (
+        f"**Claim** ({c.study.title}, `{c.study.file}` {c.source.place}, lines "
+        f'{c.source.lines[0]}-{c.source.lines[1]}): "{c.finding}"'
+    )
