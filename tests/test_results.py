@@ -326,6 +326,16 @@ def test_rounds_after_training_are_shaded_and_named_in_the_figure(tmp_path):
     ax = Figure().add_subplot(1, 1, 1)
     plots._mark_after_training(ax, res, ["9H-1M-unlearned", "10H-0M"])
     assert not ax.texts  # nothing after training: no mark
+    # several variants forgetting by several strategies after the same round: one mark for all
+    for i, method in enumerate(("retrain", "pga", "fedremove")):
+        res["variants"][f"u{i}"] = {
+            "repeats": [{**rep, "unlearning": {"strategy": method, "rounds": 2}}],
+            "summary": {"curve": {"rounds": rep["rounds"]}},
+        }
+        res["planned"]["rounds"][f"u{i}"] = 20
+    ax = Figure().add_subplot(1, 1, 1)
+    plots._mark_after_training(ax, res, ["u0", "u1", "u2"])
+    assert [t.get_text() for t in ax.texts] == ["unlearning (3 strategies) → "]
 
 
 def test_conclusions_leave_variants_that_learned_nothing_out_of_the_ranking():

@@ -121,20 +121,24 @@ def _mark_after_training(ax, results: dict, names: list[str]) -> None:
     unlearning calibration continues the round numbers), so they do not read as training."""
     planned = (results.get("planned") or {}).get("rounds") or {}
     variants = results.get("variants", {})
-    ends, last = {}, 0
+    ends: dict[int, set[str]] = {}  # training's last round -> the strategies after it
+    last = 0
     for name in names:
         mine = max(variants[name]["summary"]["curve"]["rounds"], default=0)  # 0: not measured
         last = max(last, mine)
         if planned.get(name) and mine > planned[name]:
-            methods = {
+            ends.setdefault(planned[name], set()).update(
                 rep["unlearning"].get("strategy", "federaser")
                 for rep in variants[name].get("repeats", [])
                 if "unlearning" in rep
-            }
-            ends[planned[name]] = (
-                f"unlearning: {', '.join(sorted(methods))}" if methods else "after training"
             )
-    for end, text in sorted(ends.items()):
+    for end, methods in sorted(ends.items()):
+        if not methods:
+            text = "after training"
+        elif len(methods) <= 2:
+            text = f"unlearning: {', '.join(sorted(methods))}"
+        else:  # the legend's names say which variant forgot by which
+            text = f"unlearning ({len(methods)} strategies)"
         ax.axvline(end, color="0.4", ls=":", lw=1)
         ax.axvspan(end, last, color="0.5", alpha=0.08, lw=0)
         ax.text(  # left of the line: a short later phase leaves little room on its right
