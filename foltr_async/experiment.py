@@ -31,20 +31,16 @@ import numpy as np
 import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
+from foltr_async.executors import Executor, Parallel, Remote, Serial
 from foltr_async.ltr import threads
 from foltr_async.observe.log import close_logging, configure_logging
 from foltr_async.observe.observer import Observer, Observers
 from foltr_async.observe.results import ResultsWriter, final_value, load_results
 from foltr_async.observe.stats import holm, paired_test
-from foltr_async.parallel import Job, run_jobs
-from foltr_async.preflight import located
 from foltr_async.provenance import check_same_code, code_stamp
-from foltr_async.runtime import heap
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
-from foltr_async.runtime.clock import VirtualTimeLoop
-from foltr_async.runtime.clock import run as run_loop
 from foltr_async.scenario.load import Scenario, data_seed, repeat_config
-from foltr_async.simulation import RunCheckpoint, Simulation
+from foltr_async.simulation import RunCheckpoint
 
 METRIC = "ndcg@10"
 CHECKPOINT = "checkpoint.pkl"
@@ -477,23 +473,6 @@ def run_scenario(
             structlog.reset_defaults()
 
 
-def job_cost(cfg: dict) -> float:
-    """A job's expected CPU time, in arbitrary units, for ordering only: interactions per round
-    plus a fixed per-round cost (small federations' messaging and evaluation), times rounds;
-    a neural ranker costs as much more as it has hidden units (FPDGD-MLP64 measured ~7x linear)."""
-    fed, ranker = cfg["federation"], cfg.get("ranker") or {}
-    per_round = fed.get("clients", 1) * fed.get("queries_per_client", 1) + 100
-    width = 1 + sum(ranker.get("hidden") or ()) / 10 if ranker.get("kind") == "mlp" else 1
-    return fed.get("rounds", 1) * per_round * width
-
-
-def longest_first(todo: list[Job]) -> list[Job]:
-    """Parallel jobs, the longest expected first (ties in the given order): the processes
-    end together instead of one long job running alone at the end while the other cores
-    idle. Only the order changes; every result is the same."""
-    return sorted(todo, key=lambda job: -job_cost(job[3]))
-
-
 def _run_scenario(
     scenario: Scenario,
     out_dir: Path,
@@ -583,7 +562,7 @@ def _run_todo(
     executor: str,
     reused: dict[tuple[str, int], dict],
 ) -> None:
-    """Every repeat not finished before: reused, run serially, in parallel or remotely."""
+    """Every repeat not finished before: reused, or run by the run's executor."""
     todo = []
     for rep in range(scenario.repeats):
         seed = scenario.seed + rep
@@ -597,90 +576,14 @@ def _run_todo(
                 finish(name, rep, reused[name, rep])
             else:
                 todo.append((rep, seed, name, repeat_config(scenario, cfg, rep)))
-
-    if remote is None and (jobs > 1 or executor != "local"):
-        heap.forget()  # what the pre-run check built: the runs build their own, elsewhere
-        try:
-            for (rep, seed, name, _), result in run_jobs(longest_first(todo), jobs, executor):
-                observers.repeat_started(name, rep, seed)
-                finish(name, rep, result)
-        except FoltrError as e:  # a job's own error: name its file and variant
-            if not hasattr(e, "job"):
-                raise
-            with located(scenario, e.job[2]):
-                raise
-    elif remote is None:
-        for rep, seed, name, cfg in todo:
-            interrupts.check()  # one that landed in a finaliser (heap.release collects)
-            observers.repeat_started(name, rep, seed)
-            ck = checkpoints.run(name, rep)
-            sim = Simulation(cfg, seed, observers, name, rep, checkpoint=ck)
-            start = ck.state["now"] if ck is not None and ck.state is not None else 0.0
-            with (
-                located(scenario, name),
-                asyncio.Runner(loop_factory=lambda t=start: VirtualTimeLoop(t)) as runner,
-            ):
-                finish(name, rep, runner.run(sim.run()))
-            del sim
-            heap.release()
+    runner: Executor
+    if remote is not None:
+        runner = Remote(scenario, observers, finish, checkpoints.run, remote)
+    elif jobs > 1 or executor != "local":
+        runner = Parallel(scenario, observers, finish, jobs, executor)
     else:
-
-        class _StopOnCtrlC(Observer):
-            """Real-time runs: Ctrl-C cancels the run and, should that cancellation be absorbed
-            by a wait that completed at the same instant, stops it at the next round."""
-
-            requested = False
-
-            def round_done(self, *args, **kwargs) -> None:
-                if self.requested:
-                    raise KeyboardInterrupt
-
-        stop = _StopOnCtrlC()
-        observers.add(stop)
-
-        async def drive() -> None:
-            loop, main = asyncio.get_running_loop(), asyncio.current_task()
-
-            def on_sigint() -> None:
-                if stop.requested:  # a second Ctrl-C: stop now
-                    raise KeyboardInterrupt
-                stop.requested = True
-                main.cancel()
-
-            # SIGTERM (kill, a batch scheduler) takes the same graceful path as Ctrl-C; the
-            # CLI's own SIGTERM handler is put back when the loop is done with it
-            sigterm = signal.getsignal(signal.SIGTERM)
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, on_sigint)
-            await remote.start()
-            try:
-                for rep, seed, name, cfg in todo:
-                    observers.repeat_started(name, rep, seed)
-                    sim = Simulation(
-                        cfg,
-                        seed,
-                        observers,
-                        name,
-                        rep,
-                        bus=remote.make_bus(cfg, seed),
-                        hosts=remote.hosts,
-                        remote=remote,
-                        checkpoint=checkpoints.run(name, rep),
-                    )
-                    with located(scenario, name):
-                        finish(name, rep, await sim.run())
-            finally:
-                await remote.close()
-                loop.remove_signal_handler(signal.SIGTERM)
-                if sigterm is not None:  # None: set outside Python, nothing to put back
-                    signal.signal(signal.SIGTERM, sigterm)
-
-        try:
-            run_loop(drive(), virtual=False)
-        except asyncio.CancelledError:
-            if stop.requested:  # our Ctrl-C cancelled the run: report it as an interruption
-                raise KeyboardInterrupt from None
-            raise
+        runner = Serial(scenario, observers, finish, checkpoints.run, interrupts.check)
+    runner.run(todo)
 
 
 def _raise_interrupt() -> None:

@@ -165,7 +165,7 @@ def test_a_jobs_error_ends_the_run_without_waiting_for_the_running_jobs(tmp_path
 
 
 def test_parallel_jobs_start_longest_first_and_equal_costs_keep_their_order(tmp_path):
-    from foltr_async.experiment import longest_first
+    from foltr_async.parallel import longest_first
 
     path = tmp_path / "par.toml"
     path.write_text(
