@@ -8,10 +8,8 @@ guessed) goes through the ``Probe``, the simulator's oracle, never through messa
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,6 +32,7 @@ from foltr_async.ltr.threads import one_blas_thread
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
+from foltr_async.run_state import Records, RunCheckpoint, check_run_ranges, check_run_state
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
@@ -45,6 +44,7 @@ from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
 from foltr_async.scenario.load import data_seed
+from foltr_async.timeline import Timeline, agent_groups
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
@@ -189,18 +189,6 @@ class Remote(Protocol):
         """Transport facts for results.json (workers, frames, message rate, round latency)."""
 
 
-@dataclass
-class RunCheckpoint:
-    """Checkpointing of one run: write ``save(state)`` every ``every`` rounds of the training
-    phase; ``state`` (when resuming) is what the interrupted run saved last, read from
-    ``source`` (the file named in an error loading it)."""
-
-    every: int
-    save: Callable[[dict], None]
-    state: dict | None = None
-    source: str = "checkpoint"
-
-
 class Simulation:
     """One repeat of one variant, run in virtual time on the memory bus.
 
@@ -312,18 +300,9 @@ class Simulation:
         if flgo is not None:
             ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
         # the agents' ids as they will be built: the timeline names them before they exist
-        self.groups["clients"] = [client_id(i) for i in range(fed["clients"])]
-        self.groups["attackers"] = [client_id(i) for i in range(fed["clients"], n_clients)]
-        self.groups["eavesdroppers"] = [
-            f"eve-{k}"
-            for k in range(sum(g["count"] for g in cfg["agents"] if g["role"] != "attacker"))
-        ]
-        timeline = [
-            (item["action"], self._resolve(item["agents"], f"timeline[{i}].agents"))
-            for i, item in enumerate(cfg["timeline"])
-        ]
-        self.groups = {group: [] for group in self.groups}
-        proto.before_agents({client_id(i): q for i, q in enumerate(queries)}, timeline)
+        n_eves = sum(g["count"] for g in cfg["agents"] if g["role"] != "attacker")
+        self.timeline = Timeline(cfg["timeline"], agent_groups(fed["clients"], n_mal, n_eves))
+        proto.before_agents({client_id(i): q for i, q in enumerate(queries)}, self.timeline.actions)
         for i in range(fed["clients"]):
             aid = client_id(i)
             self._place(
@@ -370,27 +349,10 @@ class Simulation:
         self.agents[agent.id] = agent
         self.groups[group].append(agent.id)
 
-    def _resolve(self, names: list[str], path: str = "timeline") -> list[str]:
-        """Agent ids of group names and ids (every agent of the run, wherever it is built)."""
-        out: list[str] = []
-        every = [a for ids in self.groups.values() for a in ids]
-        for name in names:
-            if name in self.groups:
-                out += self.groups[name]
-            elif name == "all":
-                out += every
-            elif name in every:
-                out.append(name)
-            else:
-                raise ScenarioError(
-                    f"{path}: unknown agent {name!r}; groups are "
-                    f"{', '.join(self.groups)} or ids like client-0003"
-                )
-        return out
-
-    async def _act(self, item: dict) -> None:
-        action = item["action"]
-        for aid in self._resolve(item["agents"]):
+    async def _act(self, i: int) -> None:
+        """Timeline item ``i`` on each of its agents, wherever it lives."""
+        action = self.timeline.items[i]["action"]
+        for aid in self.timeline.agents[i]:
             agent = self.agents[aid]
             if agent.remote:
                 await self.remote.act(agent, action, self.server.plan_round)
@@ -432,7 +394,7 @@ class Simulation:
         if self._saved is not None:
             self._resume()
         else:  # the curves start at round 0: the model before any client trained
-            self._initial = self.proto.strategy.evaluate()
+            self.records.initial = self.proto.strategy.evaluate()
         self._start_agents()
         heap.freeze()
         try:
@@ -474,20 +436,9 @@ class Simulation:
             round_gap=fed["round_gap"],
             eval_every=ev["every"],
         )
-        timeline = self.cfg["timeline"]
-        self._joins_later = {
-            a for t in timeline if t["action"] == "join" for a in self._resolve(t["agents"])
-        }
-        self._by_round: dict[int, list[dict]] = {}
-        for item in timeline:
-            if item["round"] is not None:
-                self._by_round.setdefault(item["round"], []).append(item)
-        self._rounds: list[int] = []
-        self._initial: dict[str, float] = {}  # offline metrics before round 1
-        self._curve: list[dict[str, float]] = []
-        self._times: list[float] = []
-        self._interactions: list[int] = []  # user interactions so far, at each evaluation
-        self._reports: list[RoundReport] = []
+        self._joins_later = self.timeline.joins_later
+        self._by_round = self.timeline.by_round()
+        self.records = Records()
         self._live_table = len(self.agents) <= 200  # per-agent updates where a table shows them
 
     def _make_server(self) -> None:
@@ -551,17 +502,13 @@ class Simulation:
             await self.remote.begin_run(
                 self, self._joins_later, None if saved is None else self._saved_agents
             )
-        for item in self.cfg["timeline"]:
-            if item["time"] is not None and (
-                saved is None or item["time"] > saved["now"] - saved["sim0"]
-            ):
-                self._loop.call_at(
-                    self._sim0 + item["time"],
-                    lambda it=item: asyncio.ensure_future(self._act(it)),
-                )
+        for i in self.timeline.timed():
+            at = self.timeline.items[i]["time"]
+            if saved is None or at > saved["now"] - saved["sim0"]:
+                self._loop.call_at(self._sim0 + at, lambda i=i: asyncio.ensure_future(self._act(i)))
         if saved is not None and plan.round_gap:
             await asyncio.sleep(plan.round_gap)  # the gap after the checkpointed round
-        reports = list(self._reports) + await self.server.run_rounds(skip=done)
+        reports = list(self.records.reports) + await self.server.run_rounds(skip=done)
         await self.proto.finish(self.server, reports)
 
     async def _stop(self) -> None:
@@ -574,28 +521,29 @@ class Simulation:
 
     def _collect(self) -> dict:
         """The run's results: curves, online metric, messages, protocol and transport facts."""
-        curve = self._curve
+        records = self.records
+        curve = records.curve
         # a synchronous run's users record the round they were served in, an asynchronous
         # run's the model version: only the first is the evaluations' round
         sync = not isinstance(self.server, AsyncServerAgent)
-        online, online_at = self.probe.online(self._rounds if sync else ())
+        online, online_at = self.probe.online(records.rounds if sync else ())
         result = {
             "seed": self.seed,
-            "rounds": self._rounds,
-            "initial": self._initial,  # offline metrics of the model before round 1
+            "rounds": records.rounds,
+            "initial": records.initial,  # offline metrics of the model before round 1
             "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
-            "sim_times": self._times,  # simulated seconds at each evaluation
+            "sim_times": records.times,  # simulated seconds at each evaluation
             "online": online,
             "messages": self.bus.stats.as_dict(),
             "late_replies": self.server.late_replies,
-            "contributions": contributions(self._reports),
+            "contributions": contributions(records.reports),
             "wall_s": time.perf_counter() - self._wall0,
             "sim_s": self._loop.time() - self._sim0,
         }
         if sync:
             result["online_at"] = online_at  # the online metric through each evaluated round
         if self.remote is None:  # remote users' records arrive only at checkpoints and the end
-            result["interactions"] = self._interactions  # users' interactions by each evaluation
+            result["interactions"] = records.interactions  # users' interactions by each evaluation
         if self.ctx.judged_queries is not None:
             result["judged_queries"] = self.ctx.judged_queries
         result.update(self.proto.report())
@@ -617,8 +565,8 @@ class Simulation:
 
     async def _before_round(self, r: int) -> None:
         """The timeline's actions for round ``r``."""
-        for item in self._by_round.get(r, []):
-            await self._act(item)
+        for i in self._by_round.get(r, []):
+            await self._act(i)
 
     def _after_round(self, report: RoundReport) -> None:
         """Record a finished round: agents' counts, events, the curve, observers."""
@@ -649,16 +597,11 @@ class Simulation:
                 replied=report.replied,
                 min_clients=self.plan.min_clients,
             )
-        if not self._reports:  # the first round loaded what training needs (compiled code)
+        if not self.records.reports:  # the first round loaded what training needs (compiled code)
             heap.refreeze()
         stats = self.bus.stats.as_dict()
-        self._reports.append(report)
         sim_time = self._loop.time() - self._sim0
-        if report.metrics is not None:
-            self._rounds.append(report.round)
-            self._curve.append(report.metrics)
-            self._times.append(sim_time)
-            self._interactions.append(self.probe.interactions)
+        self.records.add(report, sim_time, self.probe.interactions)
         self.observer.round_done(
             self.variant,
             self.repeat,
@@ -761,12 +704,7 @@ class Simulation:
             "now": now,
             "sim0": sim0,
             "wall": wall,
-            "rounds": list(self._rounds),
-            "initial": self._initial,
-            "curve": list(self._curve),
-            "times": list(self._times),
-            "interactions": list(self._interactions),
-            "reports": list(self._reports),
+            **self.records.state(),
             "agents": self.capture_agents(local),
             "remote": remote,
         }
@@ -776,105 +714,16 @@ class Simulation:
         self.emit("checkpoint", round=round)
 
     def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
-        _check_run_state(saved, self._checkpointed())
+        check_run_state(saved, self._checkpointed())
         local = {aid for aid, agent in self.agents.items() if not agent.remote}
-        _check_run_ranges(saved, self.plan.rounds, set(self.agents), local)
+        check_run_ranges(saved, self.plan.rounds, set(self.agents), local)
         shared = self.shared_objects()
         self.restore_agents(agents)
         for key, obj in self._checkpointed().items():
             if saved[key] is not None:
                 obj.restore_state(saved[key], shared)
-        self._rounds[:] = saved["rounds"]
-        self._initial = saved["initial"]
-        self._curve[:] = saved["curve"]
-        self._times[:] = saved["times"]
-        self._interactions[:] = saved["interactions"]
-        self._reports[:] = saved["reports"]
+        self.records.load(saved)
         for aid, agent in self.agents.items():  # a proxy's count comes from the round reports
             if agent.remote:
                 agent.rounds_joined = sum(aid in r.clients for r in saved["reports"])
         self.emit("resumed", round=saved["round"])
-
-
-def _check_run_ranges(saved: dict, rounds: int, agent_ids: set[str], local: set[str]) -> None:
-    """What the layout check cannot see: values in range and consistent with each other and
-    with the rebuilt run (a checkpoint is checksummed, not signed: an edited one with its
-    checksum recomputed is read). The run saves after a training round, so its round is one
-    of them; its clocks are finite and in order; it evaluated only rounds it had played;
-    and it holds no agent this run lacks, and every one this process hosts (a worker lost
-    at the save took its clients' states with it: those are not required)."""
-    now, sim0, wall = saved["now"], saved["sim0"], saved["wall"]
-    problems = {
-        "round": (
-            1 <= saved["round"] <= rounds,
-            f"a training round of this run, 1 to {rounds}",
-            saved["round"],
-        ),
-        "now": (
-            math.isfinite(now) and math.isfinite(sim0) and now >= sim0,
-            "a finite time at or after the run's start (sim0)",
-            now,
-        ),
-        "wall": (math.isfinite(wall) and wall >= 0, "a finite number of seconds >= 0", wall),
-        "rounds": (
-            all(1 <= r <= saved["round"] for r in saved["rounds"])
-            and saved["rounds"] == sorted(set(saved["rounds"])),
-            f"increasing rounds up to the saved round {saved['round']}",
-            saved["rounds"][:8],
-        ),
-        "times": (
-            all(math.isfinite(t) and t <= now for t in saved["times"]),
-            "finite times up to the saved time",
-            saved["times"][:8],
-        ),
-        "reports": (
-            len(saved["reports"]) <= saved["round"],
-            f"at most one report per round played ({saved['round']})",
-            len(saved["reports"]),
-        ),
-    }
-    for key, (ok, expected, got) in problems.items():
-        if not ok:
-            raise CheckpointError(f"run state: {key}: expected {expected}, got {got!r:.60}")
-    saved_ids = set(saved["agents"]) | set(saved["remote"])
-    for which, ids in (
-        ("missing", agent_ids - saved_ids),
-        ("not in this run", saved_ids - agent_ids),
-    ):
-        if ids:
-            raise CheckpointError(
-                f"run state: agents: {len(ids)} {which} (e.g. {sorted(ids)[0]!r}): expected "
-                "the agents of this run's configuration"
-            )
-
-
-def _check_run_state(saved: Any, objects: dict[str, Any]) -> None:
-    """The layout ``Simulation._save`` writes (each object's own state is checked as it loads,
-    against the object)."""
-    kinds = {
-        "round": int, "now": float, "sim0": float, "wall": float, "rounds": list,
-        "initial": dict, "curve": list, "times": list, "reports": list, "agents": dict,
-        "remote": dict,
-    }  # fmt: skip
-    if type(saved) is not dict:
-        raise CheckpointError(f"run state: expected a table, got a {type(saved).__name__}")
-    for key, kind in {**kinds, **dict.fromkeys(objects, object)}.items():
-        value = saved.get(key)
-        ok = type(value) is kind or (kind is float and type(value) is int)
-        if key in objects:  # an object's state, or None where the run had no such object
-            ok = key in saved and (value is None) == (objects[key] is None)
-        if not ok:
-            want = "this run's object state" if key in objects else f"a {kind.__name__}"
-            raise CheckpointError(f"run state: {key}: expected {want}, got {value!r:.40}")
-    checks = {
-        "rounds": lambda x: type(x) is int,
-        "curve": lambda x: x is None or type(x) is dict,
-        "times": lambda x: type(x) is float,
-        "reports": lambda x: type(x) is RoundReport,
-        "agents": lambda x: type(x) is dict and type(x.get("state")) is str,
-        "remote": lambda x: type(x) is dict and type(x.get("state")) is str,
-    }
-    for key, ok in checks.items():
-        items = saved[key].values() if key in ("agents", "remote") else saved[key]
-        if not all(ok(x) for x in items):
-            raise CheckpointError(f"run state: {key}: an item of the wrong kind")

@@ -160,7 +160,7 @@ def test_partial_participation_caps_concurrency_and_rotates_clients(variants):
     cfg["federation"] = {**cfg["federation"], "participation": 0.5, "rounds": 4}
     cfg["federation"]["params"] = {**cfg["federation"]["params"], "buffer": 3, "period": 10.0}
     result, sim = simulate(cfg)
-    contributors = {c for r in sim._reports for c in r.clients}
+    contributors = {c for r in sim.records.reports for c in r.clients}
     assert contributors == {f"client-{i:04d}" for i in range(6)}  # freed slots rotate
     # 3 of the 6 clients at a time, 4 s per update, 40 s: 3 x 9 updates (10 at t = 40 at most)
     assert 27 <= result["staleness"]["updates"] <= 30

@@ -114,13 +114,13 @@ def test_a_client_gone_before_its_update_arrives_does_not_count(tmp_path, protoc
     path = trace_file(tmp_path, ONE_LEAVES)
     params = ', mode = "fedbuff", buffer = 1, period = 30.0' if protocol == "fpdgd_async" else ""
     res, sim = play(scenario(tmp_path, path, protocol=protocol, params=params))
-    assert {c for r in sim._reports for c in r.clients} == {"client-0000"}
+    assert {c for r in sim.records.reports for c in r.clients} == {"client-0000"}
     assert res["messages"]["dropped"]["offline"] >= 1
     # the same scenario under the round-start rule counts it
     res, sim = play(
         scenario(tmp_path, path, 'trace_rule = "round_start"', protocol=protocol, params=params)
     )
-    assert "client-0001" in sim._reports[0].clients
+    assert "client-0001" in sim.records.reports[0].clients
 
 
 def test_the_run_reports_rounds_and_time_nobody_was_online(tmp_path, capsys):

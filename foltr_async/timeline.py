@@ -1,0 +1,81 @@
+"""A scenario's timeline resolved against one run's agents: who acts, at which round or time.
+
+The agents' ids are known from the configuration before any agent is built (clients, then
+attackers, then eavesdroppers), so the timeline is resolved once, before the agents exist, and
+the same everywhere: a worker process that builds only its share of them reads the same ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from foltr_async.errors import ScenarioError
+from foltr_async.runtime.agent import client_id
+
+
+def agent_groups(n_clients: int, n_attackers: int, n_eavesdroppers: int) -> dict[str, list[str]]:
+    """Every agent id of a run by group, in the order the run builds them."""
+    return {
+        "clients": [client_id(i) for i in range(n_clients)],
+        "attackers": [client_id(i) for i in range(n_clients, n_clients + n_attackers)],
+        "eavesdroppers": [f"eve-{k}" for k in range(n_eavesdroppers)],
+    }
+
+
+@dataclass
+class Timeline:
+    """``items``: the scenario's checked ``[[timeline]]`` entries; ``groups``: ``agent_groups``."""
+
+    items: list[dict]
+    groups: dict[str, list[str]]
+    #: each item's agent ids, in the items' order
+    agents: list[list[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.agents = [
+            self.resolve(item["agents"], f"timeline[{i}].agents")
+            for i, item in enumerate(self.items)
+        ]
+
+    def resolve(self, names: list[str], path: str) -> list[str]:
+        """Agent ids of group names and ids (every agent of the run, wherever it is built)."""
+        out: list[str] = []
+        every = [a for ids in self.groups.values() for a in ids]
+        for name in names:
+            if name in self.groups:
+                out += self.groups[name]
+            elif name == "all":
+                out += every
+            elif name in every:
+                out.append(name)
+            else:
+                raise ScenarioError(
+                    f"{path}: unknown agent {name!r}; groups are "
+                    f"{', '.join(self.groups)} or ids like client-0003"
+                )
+        return out
+
+    @property
+    def actions(self) -> list[tuple[str, list[str]]]:
+        """(action, agent ids) of every item (``ProtocolRun.before_agents`` reads them)."""
+        return [(item["action"], ids) for item, ids in zip(self.items, self.agents, strict=True)]
+
+    @property
+    def joins_later(self) -> set[str]:
+        """The agents a ``join`` item starts (the others start with the run)."""
+        return {
+            a for item, ids in zip(self.items, self.agents, strict=True)
+            if item["action"] == "join" for a in ids
+        }  # fmt: skip
+
+    def by_round(self) -> dict[int, list[int]]:
+        """Item indices by the round before which they act (items timed by round)."""
+        out: dict[int, list[int]] = {}
+        for i, item in enumerate(self.items):
+            if item["round"] is not None:
+                out.setdefault(item["round"], []).append(i)
+        return out
+
+    def timed(self) -> list[int]:
+        """Indices of the items timed in simulated seconds."""
+        return [i for i, item in enumerate(self.items) if item["time"] is not None]
