@@ -218,7 +218,9 @@ class FPDGDClient(OnlineClient):
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
         unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
         self.store_every = p.store_every if unlearns and p.unlearning == "federaser" else None
-        self.calibration_steps = p.calibration_steps if unlearns else None
+        self.calibration_steps = (
+            p.calibration_steps if unlearns and p.unlearning == "federaser" else None
+        )
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         #: its generator's first state: retraining reruns the federation from the same seeds
         self.rng_start = self.rng.bit_generator.state
@@ -235,10 +237,10 @@ class FPDGDClient(OnlineClient):
             return theta
         return theta + gamma_noise(self.rng, self.shares, self.noise_scale, theta.size)
 
-    async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
+    async def local_train(self, start: np.ndarray, n: int, ascend: bool = False) -> np.ndarray:
         if self.users.arrivals is not None:
             replayed(self.ctx, "played", n)
-        return await super().local_train(start, n)
+        return await super().local_train(start, n, ascend)
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         """The weights this client sends for the round (async: training may be batched)."""
@@ -308,14 +310,9 @@ class FPDGDClient(OnlineClient):
         p = self.ctx.params
         steps = p.pga_steps or len(self.users.queries)
         radius = pga_radius(reference, p.pga_radius, self.rng)
-        learner = self.learner
-        learner.lr = -learner.lr
         theta = reference
-        try:
-            for _ in range(steps):
-                theta = project(await self.local_train(theta, 1), reference, radius)
-        finally:
-            learner.lr = -learner.lr
+        for _ in range(steps):
+            theta = project(await self.local_train(theta, 1, ascend=True), reference, radius)
         return {"params": theta, "n_interactions": steps}
 
 

@@ -186,21 +186,25 @@ class PDGDLearner:
             clicks[i, : shown.ranking.size] = shown.clicks
         return queries, rankings, clicks
 
-    async def learn(self, start: np.ndarray, n: int, duration: float = 0.0) -> np.ndarray:
+    async def learn(
+        self, start: np.ndarray, n: int, duration: float = 0.0, *, ascend: bool = False
+    ) -> np.ndarray:
         """n PDGD interactions from ``start``: the new weights, ``duration`` simulated s later
-        (counted in ``learner_interactions`` under the path taken)."""
+        (counted in ``learner_interactions`` under the path taken). ``ascend``: every step goes
+        against PDGD's gradient (``-lr``: gradient ascent, unlearning by PGA)."""
         path = self.path
         learner_paths(self.ctx)[path] += n
         if path == BATCHED:
-            return await self.pool.submit((self, self.job(start, n)), duration)
-        theta = self.train(start, n)
+            return await self.pool.submit((self, self.job(start, n, ascend)), duration)
+        theta = self.train(start, n, ascend)
         if duration > 0.0:
             await asyncio.sleep(duration)
         return theta
 
-    def train(self, start: np.ndarray, n: int) -> np.ndarray:
+    def train(self, start: np.ndarray, n: int, ascend: bool = False) -> np.ndarray:
         """n interactions one query at a time, a step after each; returns the new weights."""
         ranker, own, shared = self.ranker, self.users, self.shared_users
+        lr = -self.lr if ascend else self.lr
         ranker.set_params(start)
         n_own = len(own.queries)
         n_all = n_own + (len(shared.queries) if shared is not None else 0)
@@ -222,9 +226,9 @@ class PDGDLearner:
             )
             if self.step_transform is not None:
                 gradient = self.step_transform(gradient, self.rng)
-            step = self.lr * gradient
+            step = lr * gradient
             if self.mu:
-                step -= self.lr * self.mu * (theta - start)
+                step -= lr * self.mu * (theta - start)
             theta = theta + step
             ranker.set_params(clip_norm(theta, *self.clip) if self.clip else theta)
         return ranker.get_params()
@@ -270,8 +274,8 @@ class PDGDLearner:
             ranker.set_params(ranker.get_params() + self.lr * scale * pending)
         return ranker.get_params()
 
-    def job(self, start: np.ndarray, n: int) -> PDGDJob:
-        """``train(start, n)`` as a job for the batched path (a replayed log from its next
+    def job(self, start: np.ndarray, n: int, ascend: bool = False) -> PDGDJob:
+        """``train(start, n, ascend)`` as a job for the batched path (a replayed log from its next
         query, shared data's queries and users beside the client's own)."""
         users, shared = self.users, self.shared_users
         bound, order = self.clip if self.clip else (None, 2)
@@ -281,7 +285,7 @@ class PDGDLearner:
             n,
             self.rng,
             users.click_model,
-            self.lr,
+            -self.lr if ascend else self.lr,
             bound,
             order,
             self.mu,

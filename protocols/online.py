@@ -78,9 +78,10 @@ class OnlineClient(Agent):
         """Show query ``q``'s top K sampled from the ranker's Plackett-Luce distribution."""
         return self.learner.serve(q)
 
-    async def local_train(self, start: np.ndarray, n: int) -> np.ndarray:
-        """n local interactions from ``start``: the new weights, ``n * compute_time`` later."""
-        return await self.learner.learn(start, n, n * self.compute_time)
+    async def local_train(self, start: np.ndarray, n: int, ascend: bool = False) -> np.ndarray:
+        """n local interactions from ``start``: the new weights, ``n * compute_time`` later
+        (``ascend``: against the gradient, ``PDGDLearner.learn``)."""
+        return await self.learner.learn(start, n, n * self.compute_time, ascend=ascend)
 
     async def make_update(self, round: int, start: np.ndarray) -> np.ndarray:
         """The weights this client sends for ``round``, trained from ``start``."""

@@ -284,6 +284,30 @@ def test_fedprox_steps_on_queries_without_clicks():
     assert np.linalg.norm(res.weights[0]) <= 1.0 + 1e-12  # a step was taken: it was clipped
 
 
+def test_gradient_ascent_batched_equals_the_sequential_learner_and_reverses_descent():
+    """PGA's unlearning steps (``ascend``) on the batched path: the one-query learner's draws
+    and weights up to float rounding; from the same draws a single step goes exactly the other
+    way from a descent step."""
+    train = make_queryset(3, seed=8)
+    ctx = make_ctx(train, 3, lr=0.3)
+    cases = random_cases(train, 3, 30, seed=8)
+    start = np.random.default_rng(8).normal(size=N_FEATURES)
+    seq = [learner(ctx, q, 70 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    bat = [learner(ctx, q, 70 + j, m) for j, (q, _, _, m) in enumerate(cases)]
+    steps = [n + 2 for _, n, _, _ in cases]
+    expected = [lrn.train(start, n, ascend=True) for lrn, n in zip(seq, steps, strict=True)]
+    res = train_linear_batch(
+        train, [b.job(start, n, ascend=True) for b, n in zip(bat, steps, strict=True)]
+    )
+    for j, s in enumerate(seq):
+        assert s.rng.bit_generator.state == bat[j].rng.bit_generator.state, j
+        np.testing.assert_allclose(res.weights[j], expected[j], rtol=1e-9, atol=1e-12)
+    q, _, _, m = cases[0]
+    up = learner(ctx, q, 5, m).train(start, 1, ascend=True)
+    down = learner(ctx, q, 5, m).train(start, 1)
+    np.testing.assert_allclose(up - start, start - down, rtol=1e-12, atol=1e-15)
+
+
 def test_clicks_regimes_no_click_all_click_and_short_lists():
     train = make_queryset(3)
     ctx = make_ctx(train, 3, lr=1.0)
