@@ -354,22 +354,24 @@ def test_conclusions_leave_variants_that_learned_nothing_out_of_the_ranking():
     assert not any(line.startswith("Highest") for line in conclusions(res))
 
 
-def test_maxrr_gets_a_summary_curve_and_a_figure_beside_the_main_metric(writer):
+@pytest.mark.parametrize("metric", ["maxrr@10", "relevance_reset_loss"])
+def test_own_curves_get_a_summary_curve_and_a_figure_beside_the_main_metric(writer, metric):
+    """FOLtR-ES's MaxRR and the relevance reset's loss on the forgotten queries."""
     rng = np.random.default_rng(1)
     writer.run_started(info())
     reps = []
     for r, seed in enumerate(SEEDS):
         rep = make_repeat(seed, 0.0, rng)
-        rep["offline"]["maxrr@10"] = rep["offline"]["ndcg@10"] / 3
+        rep["offline"][metric] = rep["offline"]["ndcg@10"] / 3
         reps.append(rep)
         writer.repeat_done("base", r, rep)
     writer.run_done({})
     summary = writer.results["variants"]["base"]["summary"]
-    assert set(summary["curves"]) == {"maxrr@10"}  # err@10 has no curve of its own
-    want = np.mean([rep["offline"]["maxrr@10"] for rep in reps], axis=0)
-    np.testing.assert_allclose(summary["curves"]["maxrr@10"]["mean"], want)
-    assert summary["curves"]["maxrr@10"]["rounds"] == ROUNDS
-    assert (writer.out_dir / "curves-maxrr@10.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(summary["curves"]) == {metric}  # err@10 has no curve of its own
+    want = np.mean([rep["offline"][metric] for rep in reps], axis=0)
+    np.testing.assert_allclose(summary["curves"][metric]["mean"], want)
+    assert summary["curves"][metric]["rounds"] == ROUNDS
+    assert (writer.out_dir / f"curves-{metric}.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_throttled_writer_rewrites_after_a_repeat_only_when_due_and_always_at_the_end(

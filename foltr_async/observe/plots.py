@@ -47,6 +47,8 @@ ACCOUNTANT_LABELS = {
 
 def metric_label(metric: str) -> str:
     """Human spelling of a metric key: ``ndcg@10`` -> ``nDCG@10``."""
+    if metric == "relevance_reset_loss":
+        return "relevance-reset loss (forgotten queries)"
     return metric.replace("ndcg", "nDCG").replace("maxrr", "MaxRR").replace("err", "ERR")
 
 

@@ -51,8 +51,9 @@ CSV_HEADER = ("variant", "repeat", "seed", "round", "metric", "value")
 #: (``comparisons_by_metric``) and the conclusions state them. FedIPS is reported in nDCG@5.
 PAPER_METRICS = ("ndcg@5",)
 #: Offline metrics with their own mean curve in the summary and figure (``curves-maxrr@10.png``)
-#: beside the scenario's metric: FOLtR-ES is reported in MaxRR.
-EXTRA_CURVES = ("maxrr@10", *PAPER_METRICS)
+#: beside the scenario's metric: FOLtR-ES is reported in MaxRR, and unlearning's relevance reset
+#: in its loss on the forgotten clients' relabelled queries.
+EXTRA_CURVES = ("maxrr@10", *PAPER_METRICS, "relevance_reset_loss")
 OWN_KEYS = (
     "scenario",
     "seed",
