@@ -508,6 +508,8 @@ class FPDGD(ProtocolRun):
             "rounds": len(phase),
             "interactions": interactions,
             "messages": sum(r.selected + r.replied for r in phase),
+            # simulated seconds of the phase's rounds (PGA's ascent ran at the request)
+            "sim_s": sum(r.duration for r in phase),
             # retraining = every training round again, without the leavers
             **self._retrain_cost(reports, len(leavers)),
         }

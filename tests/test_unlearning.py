@@ -82,6 +82,10 @@ def test_each_strategy_forgets_three_poisoners_at_its_own_cost():
     # the model and 10 updates of 46 weights per round, 7 in the last (the leavers are gone)
     assert fedremove["storage_bytes_server"] == (39 * (1 + 10) + 1 + 7) * 46 * 8
     assert costs["7H-3M-original"]["rounds"] == costs["7H-3M-original"]["interactions"] == 0
+    # simulated time: the server's replay and keeping the model take none; the phases that
+    # ask clients take their rounds' time, FedEraser's 4 short rounds less than 40 full ones
+    assert fedremove["sim_s"] == costs["7H-3M-original"]["sim_s"] == 0.0
+    assert 0.0 < costs["7H-3M-federaser"]["sim_s"] < costs["7H-3M-retrain"]["sim_s"]
     leavers = ["client-0007", "client-0008", "client-0009"]
     assert all(c["clients"] == leavers for c in costs.values() if c)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from foltr_async.observe.stats import mean_std, summarise
+from foltr_async.observe.stats import fmt_num, mean_std, summarise
 
 HEADER = (
     "variant",
@@ -24,6 +24,7 @@ HEADER = (
     "rounds",
     "interactions (of retraining's)",
     "messages",
+    "simulated s",
     "L2 to retrained",
     "cosine distance to retrained",
     "relevance-reset difference",
@@ -80,6 +81,7 @@ def unlearning_results(variants: dict[str, list[dict]]) -> dict:
             "interactions": summarise(c["interactions"] for c in cs),
             "interactions_of_retraining": summarise(share),
             "messages": summarise(c["messages"] for c in cs),
+            "sim_s": summarise(c.get("sim_s") for c in cs),
             "l2_to_retrained": summarise(l2) if against else None,
             "cosine_to_retrained": summarise(cosine) if against else None,
             "relevance_reset_difference": summarise(reset) if reset else None,
@@ -96,7 +98,8 @@ def render_unlearning_md(block: dict) -> list[str]:
         "## Unlearning",
         "",
         "Cost of each variant's unlearning phase (means over repeats), beside retraining's: "
-        "every training round again without the forgotten clients. Distances: the final "
+        "every training round again without the forgotten clients. Simulated s: the phase's "
+        "rounds (PGA's ascent ran at the request, before them). Distances: the final "
         "model against the retrained variant's of the same fold and seed, mean ± sample std. "
         "Relevance-reset difference (with federation.params.relevance_reset): the loss on the "
         "forgotten clients' relabelled queries after unlearning minus after training; 0 when "
@@ -114,8 +117,9 @@ def render_unlearning_md(block: dict) -> list[str]:
             mean_std(u["cosine_to_retrained"], ".4f"),
             mean_std(u["relevance_reset_difference"], ".4f"),
         )
+        sim = fmt_num(u["sim_s"]["mean"], ",.1f")
         lines.append(
             f"| {name} | {u['strategy']} | {rounds:,.0f} | {inter:,.0f}{of} | {msgs:,.0f} | "
-            f"{l2} | {cosine} | {reset} |"
+            f"{sim} | {l2} | {cosine} | {reset} |"
         )
     return lines
