@@ -15,8 +15,8 @@ from typing import Any
 
 from foltr_async.errors import FoltrError
 from foltr_async.names import suggest
+from foltr_async.params import Field
 from foltr_async.runtime.secure import Summable
-from foltr_async.scenario.fields import Field
 
 
 @dataclass(frozen=True)

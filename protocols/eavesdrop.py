@@ -48,12 +48,12 @@ import numpy as np
 
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
+from foltr_async.params import param, parameters
 from foltr_async.protocols import foltr_es, fpdgd
 from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
 from foltr_async.runtime.codec import DropMessage, decode
-from foltr_async.scenario.fields import param, parameters
 
 __all__ = [
     "ESEavesdropper",

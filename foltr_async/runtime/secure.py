@@ -42,9 +42,9 @@ from foltr_async.runtime.checkpoint import Checkpointed
 from foltr_async.runtime.codec import Envelope
 
 if TYPE_CHECKING:
+    from foltr_async.params import Field
     from foltr_async.runtime.agent import Agent
     from foltr_async.runtime.rounds import RoundPlan, Strategy
-    from foltr_async.scenario.fields import Field
 
 __all__ = [
     "Phase",

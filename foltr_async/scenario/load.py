@@ -16,8 +16,8 @@ from typing import Any
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped, relative_note
 from foltr_async.names import NAME_MAX, VARIANT_RULE, bad_variant_name, suggest
+from foltr_async.params import Field, check_table, fail, key_text
 from foltr_async.registry import REGISTRY, unknown
-from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 SECTIONS: dict[str, dict[str, Field]] = {
     "scenario": {
