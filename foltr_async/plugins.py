@@ -27,7 +27,7 @@ from foltr_async.registry import (
     ProtocolEntry,
     Registry,
 )
-from foltr_async.runtime import codec, secure
+from foltr_async.runtime import schema, secure
 
 #: The built-in modules, in the order they are installed (each has a ``PROVIDES``).
 BUILTIN = (
@@ -54,8 +54,8 @@ def install(entry: Any, source: str) -> None:
         REGISTRY.add(entry)
         if isinstance(entry, ProtocolEntry) and entry.summable is not None:
             secure.declare_summable(entry.name, entry.summable)
-    elif isinstance(entry, codec.Kind):
-        codec.REGISTRY.add(entry)
+    elif isinstance(entry, schema.Kind):
+        schema.MESSAGE_KINDS.add(entry)
     elif isinstance(entry, secure.Scheme):
         secure.register_scheme(entry)
     elif isinstance(entry, PartitionEntry):

@@ -58,9 +58,9 @@ from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun,
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Kind, Str
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import screen_reply
+from foltr_async.runtime.schema import Array, Float, Int, Kind, Str
 from foltr_async.runtime.secure import Summable
 
 __all__ = [

@@ -65,7 +65,7 @@ from foltr_async.protocols.secagg.primitives import from_ring
 from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime.agent import client_id, handles
-from foltr_async.runtime.codec import decode
+from foltr_async.runtime.wire import decode
 
 CANARY = "canary"
 AUDITOR = "auditor"

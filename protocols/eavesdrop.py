@@ -53,7 +53,7 @@ from foltr_async.protocols import foltr_es, fpdgd
 from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
-from foltr_async.runtime.codec import DropMessage, decode
+from foltr_async.runtime.wire import DropMessage, decode
 
 __all__ = [
     "ESEavesdropper",

@@ -64,9 +64,9 @@ from foltr_async.ltr.rankers import LinearRanker, Ranker
 from foltr_async.params import param, parameters
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
-from foltr_async.runtime.codec import Array, Int, Kind, Opt
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import screen_reply
+from foltr_async.runtime.schema import Array, Int, Kind, Opt
 
 MODEL = "fedips.model"
 UPDATE = "fedips.update"

@@ -59,8 +59,8 @@ from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.users import K
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Kind, Opt
 from foltr_async.runtime.compute import BatchPool
+from foltr_async.runtime.schema import Array, Float, Int, Kind, Opt
 
 #: its scenario name (``federation.protocol``), which its eavesdropper speaks
 NAME = "foltr_es"

@@ -65,9 +65,9 @@ from foltr_async.protocols.unlearning import (
 )
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import MAX_ABS, screen_reply
+from foltr_async.runtime.schema import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.secure import Summable
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak

@@ -89,7 +89,7 @@ from foltr_async.protocols.fpdgd import Params as FPDGDParams
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import handles
-from foltr_async.runtime.codec import Array, Kind
+from foltr_async.runtime.schema import Array, Kind
 
 SHARED = "noniid.shared"
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)

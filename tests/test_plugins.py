@@ -19,10 +19,10 @@ TABLES = (
     "from foltr_async.contract import partitioner\n"
     "from foltr_async.protocols.eavesdrop import EAVESDROPPERS\n"
     "from foltr_async.registry import REGISTRY\n"
-    "from foltr_async.runtime import codec, secure\n"
+    "from foltr_async.runtime import schema, secure\n"
     "def sizes():\n"
     "    return [len(REGISTRY.protocols), len(REGISTRY.behaviours), len(REGISTRY.aggregators),\n"
-    "            len(codec.REGISTRY.kinds()), len(secure.summable_protocols()),\n"
+    "            len(schema.MESSAGE_KINDS.kinds()), len(secure.summable_protocols()),\n"
     "            len(secure._SCHEMES), partitioner() is not None, len(EAVESDROPPERS)]\n"
 )
 
@@ -49,7 +49,7 @@ def test_importing_every_module_leaves_the_registries_empty_until_loaded():
         "load_plugins()\n"
         "print(sizes())\n"
         "print('fedavgm' in REGISTRY.protocols, 'sign_flip' in REGISTRY.behaviours,\n"
-        "      'fedavgm.model' in codec.REGISTRY, secure.summable_protocols())\n"
+        "      'fedavgm.model' in schema.MESSAGE_KINDS, secure.summable_protocols())\n"
     )
     assert out[0] == "[0, 0, 0, 0, 0, 0, False, 0]"
     p, b, a, kinds, summable, schemes, part, eve = eval(out[1])  # noqa: S307 (our own output)

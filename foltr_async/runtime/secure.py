@@ -39,7 +39,7 @@ import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.wire import Envelope
 
 if TYPE_CHECKING:
     from foltr_async.params import Field

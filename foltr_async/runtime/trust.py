@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from foltr_async.contract import WORKER_EXTRAS
-from foltr_async.runtime.codec import Spec, _Invalid
+from foltr_async.runtime.schema import Invalid, Spec
 
 __all__ = ["Measured", "RunLedger"]
 
@@ -56,30 +56,30 @@ class Measured(Spec):
             t = type(node)
             if t is dict:
                 if depth >= self.depth:
-                    raise _Invalid(f"measurement nested deeper than {self.depth} levels")
+                    raise Invalid(f"measurement nested deeper than {self.depth} levels")
                 for key in node:
                     if type(key) is not str or len(key) > 256:
-                        raise _Invalid("measurement tables need string keys (at most 256 chars)")
+                        raise Invalid("measurement tables need string keys (at most 256 chars)")
                 todo += [(v, depth + 1) for v in node.values()]
                 n += len(node)
             elif t is list:
                 if depth >= self.depth:
-                    raise _Invalid(f"measurement nested deeper than {self.depth} levels")
+                    raise Invalid(f"measurement nested deeper than {self.depth} levels")
                 todo += [(v, depth + 1) for v in node]
             elif t is np.ndarray:
                 if node.dtype.kind not in "biuf":
-                    raise _Invalid(f"measurement array of dtype {node.dtype}")
+                    raise Invalid(f"measurement array of dtype {node.dtype}")
                 n += node.size
             elif t is str:
                 if len(node) > 256:
-                    raise _Invalid("measurement strings hold at most 256 characters")
+                    raise Invalid("measurement strings hold at most 256 characters")
                 n += 1
             elif t in (int, float, bool) or node is None:
                 n += 1
             else:
-                raise _Invalid(f"measurement value of type {t.__name__}")
+                raise Invalid(f"measurement value of type {t.__name__}")
             if n > self.scalars:
-                raise _Invalid(f"measurement of more than {self.scalars} values")
+                raise Invalid(f"measurement of more than {self.scalars} values")
         return value
 
 
