@@ -21,7 +21,7 @@ from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, count_judged, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
-from foltr_async.registry import REGISTRY, AggregatorEntry
+from foltr_async.registry import REGISTRY, AggregatorEntry, Registry
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent
@@ -437,20 +437,12 @@ class PartitionEntry:
     fields: dict[str, Any]
     build: Callable[[RunContext, int, np.random.Generator], Partition]
 
-
-_PARTITIONER: list[PartitionEntry] = []
-
-
-def register_partitioner(entry: PartitionEntry) -> None:
-    """Install the partitioner ``[federation.partition]`` tables use (one per process;
-    ``load_plugins`` calls it)."""
-    if _PARTITIONER and _PARTITIONER[0] is not entry:
-        raise ValueError("a partitioner is already registered")
-    _PARTITIONER[:] = [entry]
-
-
-def partitioner() -> PartitionEntry | None:
-    return _PARTITIONER[0] if _PARTITIONER else None
+    def install(self, registry: Registry) -> None:
+        """Make this the partitioner ``[federation.partition]`` tables use (one per process;
+        ``load_plugins`` calls it)."""
+        if registry.partitioner is not None and registry.partitioner is not self:
+            raise ValueError("a partitioner is already registered")
+        registry.partitioner = self
 
 
 def assign_queries(

@@ -288,6 +288,10 @@ class Kind:
     fields: Mapping[str, Spec]
     max_bytes: int | None = None
 
+    def install(self, registry: Any) -> None:
+        """Put this kind in ``registry.message_kinds`` (the plugin registry's section)."""
+        registry.message_kinds.add(self)
+
 
 class SchemaRegistry:
     """Message kinds and their body schemas (``load_plugins`` installs the protocols' kinds)."""
