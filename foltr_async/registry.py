@@ -1,4 +1,5 @@
-"""Names a scenario can use: protocols, agent behaviours and aggregators.
+"""What modules provide, in one ``REGISTRY``: protocols, agent behaviours, aggregators, message
+kinds, secure-aggregation schemes, the partitioner and eavesdroppers, each in its own section.
 
 The runtime never imports a protocol. A protocol module (and any plugin module named in
 ``FOLTR_ASYNC_PLUGINS``) declares its entries in its ``PROVIDES``, and only
