@@ -171,7 +171,7 @@ def _bare_floor(n: int, rounds: int) -> float:
 
 def _update_envelope(i: int, params: np.ndarray) -> bytes:
     from foltr_async.protocols.fpdgd import UPDATE
-    from foltr_async.runtime.codec import WIRE_VERSION, Envelope, encode
+    from foltr_async.runtime.wire import WIRE_VERSION, Envelope, encode
 
     body = {"params": params, "n_interactions": 2}
     return encode(
@@ -200,7 +200,7 @@ def bench_zmq(sz: Sizes, seed: int) -> dict[str, dict]:
     import zmq
 
     from foltr_async.plugins import load_plugins
-    from foltr_async.runtime.codec import decode
+    from foltr_async.runtime.wire import decode
 
     load_plugins()
     n = sz.zmq_messages

@@ -21,7 +21,7 @@ from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, count_judged, offline_metrics
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import make_ranker
-from foltr_async.registry import REGISTRY, AggregatorEntry
+from foltr_async.registry import REGISTRY, AggregatorEntry, Registry
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent
@@ -32,6 +32,7 @@ from foltr_async.runtime.engine import RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoSystem
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureClient, SecureRun
+from foltr_async.runtime.trust import worker_extras
 
 if TYPE_CHECKING:
     from foltr_async.ltr.aol import UserLog
@@ -82,20 +83,6 @@ def model_message_bytes(cfg: dict, data: Datasets) -> int:
         attackers = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
         size += 512 * (fed["clients"] + attackers)
     return size
-
-
-#: Probe extras a worker may report about its own clients, and how the server merges them:
-#: ``"per_client"``, a table keyed by client id (a worker's entry for one of its own clients
-#: replaces that client's last one), or ``"counters"``, named counts the server holds too (each
-#: worker's latest counts are added to the server's own). A worker's other extras are refused.
-WORKER_EXTRAS: dict[str, str] = {}
-
-
-def worker_extras(key: str, merge: str) -> None:
-    """Declare that workers may report ``probe.extras[key]``, merged as ``merge`` says."""
-    if merge not in ("per_client", "counters"):
-        raise ValueError(f"worker_extras: merge must be 'per_client' or 'counters', got {merge!r}")
-    WORKER_EXTRAS[key] = merge
 
 
 worker_extras("replay", "counters")  # a replaying client's counts (simulation.replay_partition)
@@ -437,20 +424,12 @@ class PartitionEntry:
     fields: dict[str, Any]
     build: Callable[[RunContext, int, np.random.Generator], Partition]
 
-
-_PARTITIONER: list[PartitionEntry] = []
-
-
-def register_partitioner(entry: PartitionEntry) -> None:
-    """Install the partitioner ``[federation.partition]`` tables use (one per process;
-    ``load_plugins`` calls it)."""
-    if _PARTITIONER and _PARTITIONER[0] is not entry:
-        raise ValueError("a partitioner is already registered")
-    _PARTITIONER[:] = [entry]
-
-
-def partitioner() -> PartitionEntry | None:
-    return _PARTITIONER[0] if _PARTITIONER else None
+    def install(self, registry: Registry) -> None:
+        """Make this the partitioner ``[federation.partition]`` tables use (one per process;
+        ``load_plugins`` calls it)."""
+        if registry.partitioner is not None and registry.partitioner is not self:
+            raise ValueError("a partitioner is already registered")
+        registry.partitioner = self
 
 
 def assign_queries(

@@ -69,21 +69,11 @@ from foltr_async.provenance import code_stamp
 from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
 from foltr_async.runtime import heap
-from foltr_async.runtime.codec import (
-    DEFAULT_MAX_BYTES,
-    Array,
-    Bytes,
-    Int,
-    ListOf,
-    Map,
-    Opt,
-    Spec,
-    Str,
-    Struct,
-)
 from foltr_async.runtime.compute import BatchPool
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.schema import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
 from foltr_async.runtime.trust import Measured, RunLedger
+from foltr_async.runtime.wire import DEFAULT_MAX_BYTES
 from foltr_async.runtime.zmqbus import (
     DEFAULT_LIMITS,
     HUB_CONTROL,

@@ -17,17 +17,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from foltr_async.contract import PartitionEntry, register_partitioner
 from foltr_async.errors import FoltrError
-from foltr_async.registry import (
-    PLUGINS_ENV,
-    REGISTRY,
-    AggregatorEntry,
-    BehaviourEntry,
-    ProtocolEntry,
-    Registry,
-)
-from foltr_async.runtime import codec, secure
+from foltr_async.registry import PLUGINS_ENV, REGISTRY, Registry
 
 #: The built-in modules, in the order they are installed (each has a ``PROVIDES``).
 BUILTIN = (
@@ -47,26 +38,15 @@ BUILTIN = (
 
 
 def install(entry: Any, source: str) -> None:
-    """Put one provided entry into its registry (again the same entry: nothing changes)."""
-    from foltr_async.protocols.eavesdrop import TapEavesdropper, add_eavesdropper
-
-    if isinstance(entry, ProtocolEntry | BehaviourEntry | AggregatorEntry):
-        REGISTRY.add(entry)
-        if isinstance(entry, ProtocolEntry) and entry.summable is not None:
-            secure.declare_summable(entry.name, entry.summable)
-    elif isinstance(entry, codec.Kind):
-        codec.REGISTRY.add(entry)
-    elif isinstance(entry, secure.Scheme):
-        secure.register_scheme(entry)
-    elif isinstance(entry, PartitionEntry):
-        register_partitioner(entry)
-    elif isinstance(entry, type) and issubclass(entry, TapEavesdropper):
-        add_eavesdropper(entry)
-    else:
+    """Put one provided entry into its section of the registry: each entry type knows its own
+    (``entry.install(REGISTRY)``; again the same entry: nothing changes)."""
+    put = getattr(entry, "install", None)
+    if not callable(put):
         raise FoltrError(
             f"{source}: PROVIDES: {entry!r} is none of Kind, ProtocolEntry, BehaviourEntry, "
             "AggregatorEntry, PartitionEntry, Scheme or a TapEavesdropper class"
         )
+    put(REGISTRY)
 
 
 def load_module(module: ModuleType, source: str) -> None:

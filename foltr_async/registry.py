@@ -1,4 +1,5 @@
-"""Names a scenario can use: protocols, agent behaviours and aggregators.
+"""What modules provide, in one ``REGISTRY``: protocols, agent behaviours, aggregators, message
+kinds, secure-aggregation schemes, the partitioner and eavesdroppers, each in its own section.
 
 The runtime never imports a protocol. A protocol module (and any plugin module named in
 ``FOLTR_ASYNC_PLUGINS``) declares its entries in its ``PROVIDES``, and only
@@ -13,10 +14,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from foltr_async.errors import FoltrError
+from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.names import suggest
-from foltr_async.runtime.secure import Summable
-from foltr_async.scenario.fields import Field
+from foltr_async.params import Field
+from foltr_async.runtime.schema import MESSAGE_KINDS, SchemaRegistry
+from foltr_async.runtime.secure import DEFAULT_SCHEME, Scheme, Summable
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class ProtocolEntry:
     def fields(self) -> dict[str, Field]:
         return self.params.FIELDS
 
+    def install(self, registry: Registry) -> None:
+        _put(registry.protocols, self)
+
 
 @dataclass(frozen=True)
 class BehaviourEntry:
@@ -64,6 +69,9 @@ class BehaviourEntry:
     def fields(self) -> dict[str, Field]:
         return self.params.FIELDS
 
+    def install(self, registry: Registry) -> None:
+        _put(registry.behaviours, self)
+
 
 @dataclass(frozen=True)
 class AggregatorEntry:
@@ -73,6 +81,15 @@ class AggregatorEntry:
     help: str
     fn: Callable[..., Any]
     robust: bool = False
+
+    def install(self, registry: Registry) -> None:
+        _put(registry.aggregators, self)
+
+
+def _put(table: dict[str, Any], entry: ProtocolEntry | BehaviourEntry | AggregatorEntry) -> None:
+    if entry.name in table and table[entry.name] is not entry:
+        raise ValueError(f"{type(entry).__name__} {entry.name!r} registered twice")
+    table[entry.name] = entry
 
 
 class Table(dict):
@@ -88,19 +105,38 @@ class Table(dict):
 
 @dataclass
 class Registry:
+    """Every name a module can provide, one section per kind of entry. Each entry type knows
+    its section: ``entry.install(registry)`` puts it there (``plugins.install`` calls it)."""
+
     protocols: dict[str, ProtocolEntry] = field(default_factory=lambda: Table("protocol"))
     behaviours: dict[str, BehaviourEntry] = field(default_factory=lambda: Table("behaviour"))
     aggregators: dict[str, AggregatorEntry] = field(default_factory=lambda: Table("aggregator"))
+    #: message kinds and their body schemas (``runtime.schema.Kind``): the runtime's own table,
+    #: the one the buses decode with
+    message_kinds: SchemaRegistry = field(default_factory=lambda: MESSAGE_KINDS)
+    #: secure-aggregation schemes by name (``runtime.secure.Scheme``)
+    secure_schemes: dict[str, Scheme] = field(default_factory=dict)
+    #: the ``contract.PartitionEntry`` that ``[federation.partition]`` tables use (one at most)
+    partitioner: Any = None
+    #: protocol name -> the ``protocols.eavesdrop.TapEavesdropper`` class that taps its messages
+    eavesdroppers: dict[str, type] = field(default_factory=dict)
 
-    def add(self, entry: ProtocolEntry | BehaviourEntry | AggregatorEntry) -> None:
-        table = {
-            ProtocolEntry: self.protocols,
-            BehaviourEntry: self.behaviours,
-            AggregatorEntry: self.aggregators,
-        }[type(entry)]
-        if entry.name in table and table[entry.name] is not entry:
-            raise ValueError(f"{type(entry).__name__} {entry.name!r} registered twice")
-        table[entry.name] = entry
+    def summable(self, protocol: str) -> Summable | None:
+        """How secure aggregation may sum ``protocol``'s replies (its entry's ``summable``)."""
+        entry = self.protocols.get(protocol)
+        return None if entry is None else entry.summable
+
+    def summable_protocols(self) -> list[str]:
+        return sorted(name for name, entry in self.protocols.items() if entry.summable is not None)
+
+    def scheme(self, name: str = DEFAULT_SCHEME) -> Scheme:
+        entry = self.secure_schemes.get(name)
+        if entry is None:
+            raise ScenarioError(
+                f"federation.secure_aggregation: no scheme {name!r} is registered "
+                "(load_plugins imports it)"
+            )
+        return entry
 
 
 REGISTRY = Registry()

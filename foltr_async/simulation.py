@@ -23,7 +23,6 @@ from foltr_async.contract import (
     Probe,
     RunContext,
     assign_queries,
-    partitioner,
 )
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import relative_note
@@ -256,7 +255,7 @@ class Simulation:
         self.ctx = ctx
         proto = entry.build(ctx)
         # federation.secure_aggregation (build refuses a robust aggregator with it)
-        self.secure: SecureRun | None = build_secure(ctx)
+        self.secure: SecureRun | None = build_secure(ctx, REGISTRY)
         ctx.secure = self.secure  # clients and attackers are built with their halves
         n_clients = fed["clients"] + n_mal
         ctx.clock0 = getattr(self, "_sim0", 0.0)
@@ -285,7 +284,7 @@ class Simulation:
                     f"federation.partition: protocol {fed['protocol']!r} does "
                     "not read per-client data"
                 )
-            part = partitioner().build(ctx, n_clients, ctx.rng("data"))
+            part = REGISTRY.partitioner.build(ctx, n_clients, ctx.rng("data"))
             part.by_agent = {client_id(i): c for i, c in enumerate(part.clients)}
             ctx.partition = part
             queries = [c.queries for c in part.clients]

@@ -53,15 +53,15 @@ from foltr_async.contract import (
     assign_queries,
     evaluate_views,
 )
+from foltr_async.params import param, parameters
 from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import BehaviourEntry, ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Kind, Str
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import screen_reply
+from foltr_async.runtime.schema import Array, Float, Int, Kind, Str
 from foltr_async.runtime.secure import Summable
-from foltr_async.scenario.fields import param, parameters
 
 __all__ = [
     "K",

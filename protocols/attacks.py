@@ -37,13 +37,14 @@ from statistics import NormalDist
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.params import param, parameters
 from foltr_async.protocols.aggregation import krum
 from foltr_async.protocols.fpdgd import MODEL, NAME, UPDATE, FPDGDClient
 from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import client_id
-from foltr_async.runtime.codec import Array, DropMessage, Kind, decode
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.runtime.schema import Array, Kind
+from foltr_async.runtime.wire import DropMessage, decode
 
 SHARE = "attack.share"
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)

@@ -52,6 +52,7 @@ from abc import abstractmethod
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.params import param, parameters
 from foltr_async.protocols import csfltr, foltr_es, fpdgd
 from foltr_async.protocols.canary_truth import CANARY_TRUTH, CanaryTruth
 from foltr_async.protocols.csfltr.canary import BODY
@@ -64,8 +65,7 @@ from foltr_async.protocols.secagg.primitives import from_ring
 from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.registry import BehaviourEntry
 from foltr_async.runtime.agent import client_id, handles
-from foltr_async.runtime.codec import decode
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.runtime.wire import decode
 
 CANARY = "canary"
 AUDITOR = "auditor"

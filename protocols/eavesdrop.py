@@ -33,9 +33,9 @@ p is public) is reported too: the local-DP bound is for a uniform prior, and rea
 far from uniform (no click is common), so a prior-aware adversary can beat it.
 
 Each eavesdropper class names the protocol whose messages it taps (``protocol``); a module lists
-it in its ``PROVIDES`` and ``load_plugins`` installs it in ``EAVESDROPPERS``
-(``add_eavesdropper``); the ``eavesdropper`` behaviour speaks exactly those protocols and builds
-the run's protocol's one.
+it in its ``PROVIDES`` and ``load_plugins`` installs it in ``REGISTRY.eavesdroppers``
+(``TapEavesdropper.install``); the ``eavesdropper`` behaviour speaks exactly those protocols
+and builds the run's protocol's one.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ import numpy as np
 
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
+from foltr_async.params import param, parameters
 from foltr_async.protocols import foltr_es, fpdgd
-from foltr_async.registry import BehaviourEntry
+from foltr_async.registry import REGISTRY, BehaviourEntry, Registry
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
-from foltr_async.runtime.codec import DropMessage, decode
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.runtime.wire import DropMessage, decode
 
 __all__ = [
     "ESEavesdropper",
@@ -124,20 +124,6 @@ def bayes_guess_rate(confusion: np.ndarray, p: float) -> float:
     return float(confusion[np.arange(n), guess].sum() / total)
 
 
-#: protocol name -> the eavesdropper class that taps its messages (``add_eavesdropper``)
-EAVESDROPPERS: dict[str, type[TapEavesdropper]] = {}
-
-
-def add_eavesdropper(cls: type[TapEavesdropper]) -> None:
-    """Install ``cls`` as the eavesdropper of its ``protocol`` (``load_plugins`` calls it)."""
-    if cls.protocol is None:
-        raise ValueError(f"{cls.__name__} names no protocol whose messages it taps")
-    old = EAVESDROPPERS.get(cls.protocol)
-    if old is not None and old is not cls:
-        raise ValueError(f"protocol {cls.protocol!r} already has eavesdropper {old.__name__}")
-    EAVESDROPPERS[cls.protocol] = cls
-
-
 class TapEavesdropper(Agent, ABC):
     """Base of every eavesdropper: taps its links at once when started (the first broadcast may
     precede its task's first run), learns from each tapped message's exact bytes (undecodable
@@ -147,6 +133,16 @@ class TapEavesdropper(Agent, ABC):
     taps: ClassVar[dict[str, str]] = {}
     #: the protocol whose messages it taps (the class is then its eavesdropper, once installed)
     protocol: ClassVar[str | None] = None
+
+    @classmethod
+    def install(cls, registry: Registry) -> None:
+        """Make ``cls`` the eavesdropper of its ``protocol`` (``load_plugins`` calls it)."""
+        if cls.protocol is None:
+            raise ValueError(f"{cls.__name__} names no protocol whose messages it taps")
+        old = registry.eavesdroppers.get(cls.protocol)
+        if old is not None and old is not cls:
+            raise ValueError(f"protocol {cls.protocol!r} already has eavesdropper {old.__name__}")
+        registry.eavesdroppers[cls.protocol] = cls
 
     @classmethod
     def for_group(cls, ctx, agent_id: str, targets: list[str] | None, group: dict, rng):
@@ -375,7 +371,7 @@ class Params:
 
 def _build(ctx, proto, group, aid, queries, rng):
     targets = _targets(ctx, group)
-    cls = EAVESDROPPERS[ctx.protocol]
+    cls = REGISTRY.eavesdroppers[ctx.protocol]
     return cls.for_group(ctx, aid, targets, group, rng)
 
 
@@ -387,7 +383,7 @@ PROVIDES = (
         "eavesdropper",
         "eavesdropper",
         "taps client links: FPDGD update recovery and query inference, FOLtR-ES metric guessing",
-        EAVESDROPPERS.keys(),  # a live view: a plugin's eavesdropper adds its protocol
+        REGISTRY.eavesdroppers.keys(),  # a live view: a plugin's eavesdropper adds its protocol
         Params,
         _build,
     ),

@@ -61,12 +61,12 @@ from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker, Ranker
+from foltr_async.params import param, parameters
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
-from foltr_async.runtime.codec import Array, Int, Kind, Opt
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import screen_reply
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.runtime.schema import Array, Int, Kind, Opt
 
 MODEL = "fedips.model"
 UPDATE = "fedips.update"

@@ -54,13 +54,13 @@ from foltr_async.ltr.metrics import dcg_at_k, maxrr
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.ltr.serve_batch import linear_score, serve_linear
 from foltr_async.observe.privacy import account, randomised_response
+from foltr_async.params import param, parameters
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.users import K
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Float, Int, Kind, Opt
 from foltr_async.runtime.compute import BatchPool
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.runtime.schema import Array, Float, Int, Kind, Opt
 
 #: its scenario name (``federation.protocol``), which its eavesdropper speaks
 NAME = "foltr_es"

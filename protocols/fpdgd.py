@@ -50,6 +50,7 @@ import numpy as np
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
+from foltr_async.params import param, parameters
 from foltr_async.protocols.learner import learner_paths
 from foltr_async.protocols.online import ModelStrategy, OnlineClient
 from foltr_async.protocols.unlearning import (
@@ -64,11 +65,10 @@ from foltr_async.protocols.unlearning import (
 )
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.engine import Strategy
 from foltr_async.runtime.rounds import MAX_ABS, screen_reply
+from foltr_async.runtime.schema import Array, Int, Kind, Opt, Str
 from foltr_async.runtime.secure import Summable
-from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``), which its attacks and eavesdropper speak
 NAME = "fpdgd"

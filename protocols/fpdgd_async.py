@@ -36,13 +36,13 @@ import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
+from foltr_async.params import param, parameters
 from foltr_async.protocols.fpdgd import MODEL, UPDATE, FPDGDClient, replayed
 from foltr_async.protocols.learner import learner_paths
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncStrategy
 from foltr_async.runtime.rounds import screen_reply
-from foltr_async.scenario.fields import param, parameters
 
 
 @parameters

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from foltr_async.contract import RunContext, worker_extras
+from foltr_async.contract import RunContext
 from foltr_async.ltr.pdgd import pdgd_gradient, sample_ranking
 from foltr_async.ltr.pdgd_batch import (
     PDGDJob,
@@ -39,6 +39,7 @@ from foltr_async.ltr.queryset import QuerySet
 from foltr_async.ltr.rankers import LinearRanker, MLPRanker
 from foltr_async.protocols.users import K, Users
 from foltr_async.runtime.compute import BatchPool
+from foltr_async.runtime.trust import worker_extras
 
 #: the paths ``learn`` trains by, one name each (``learner_interactions`` in a repeat's results:
 #: its interactions per path; ``learner.path`` in a variant's summary): the batched pass, or one

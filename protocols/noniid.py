@@ -83,13 +83,13 @@ from foltr_async.ltr.clicks import MODEL_NAMES, MixtureClickModel, cascade
 from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.pdgd import pdgd_interaction
 from foltr_async.ltr.queryset import QuerySet
+from foltr_async.params import Field, param, parameters
 from foltr_async.protocols.fpdgd import FPDGD, FPDGDClient, FPDGDStrategy
 from foltr_async.protocols.fpdgd import Params as FPDGDParams
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import ProtocolEntry
 from foltr_async.runtime.agent import handles
-from foltr_async.runtime.codec import Array, Kind
-from foltr_async.scenario.fields import Field, param, parameters
+from foltr_async.runtime.schema import Array, Kind
 
 SHARED = "noniid.shared"
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)

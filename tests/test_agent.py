@@ -11,8 +11,9 @@ import structlog
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Envelope, Int, SchemaRegistry, Str
 from foltr_async.runtime.network import Latency, NetworkModel
+from foltr_async.runtime.schema import Int, SchemaRegistry, Str
+from foltr_async.runtime.wire import Envelope
 
 REG = SchemaRegistry()
 for kind in ("ping", "pong", "boom", "orphan", "bye", "quit"):

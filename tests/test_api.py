@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from foltr_async.errors import ScenarioError
+from foltr_async.params import Field, check_table
 from foltr_async.protocols import fpdgd
 from foltr_async.protocols.api import param, parameters
-from foltr_async.scenario.fields import Field, check_table
 
 
 @parameters

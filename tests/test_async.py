@@ -14,9 +14,9 @@ from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Int, register_kind
 from foltr_async.runtime.engine import RoundPlan
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.schema import Int, register_kind
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
 

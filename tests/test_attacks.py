@@ -22,7 +22,7 @@ from foltr_async.protocols.attacks import (
 )
 from foltr_async.protocols.fpdgd import UPDATE
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import decode
+from foltr_async.runtime.wire import decode
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
 

@@ -11,11 +11,12 @@ import structlog
 from scipy import stats
 
 from foltr_async.errors import ScenarioError
-from foltr_async.runtime import codec
+from foltr_async.runtime import wire
 from foltr_async.runtime.bus import AGENT_REASONS, MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Array, Envelope, Int, SchemaRegistry, decode, encode
 from foltr_async.runtime.network import Latency, NetworkModel, Presence, role_of
+from foltr_async.runtime.schema import Array, Int, SchemaRegistry
+from foltr_async.runtime.wire import Envelope, decode, encode
 
 REG = SchemaRegistry()
 REG.register("model", {"params": Array("float64")})
@@ -234,8 +235,8 @@ def test_tap_sees_the_exact_bytes_at_send_time_with_filters():
 
 def test_broadcast_packs_the_body_once(monkeypatch):
     calls = []
-    real = codec.pack_body
-    monkeypatch.setattr(codec, "pack_body", lambda body: calls.append(1) or real(body))
+    real = wire.pack_body
+    monkeypatch.setattr(wire, "pack_body", lambda body: calls.append(1) or real(body))
     bus, server, clients = make_bus(n=50)
 
     async def main() -> None:

@@ -11,22 +11,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from foltr_async.runtime.codec import (
+from foltr_async.runtime.replay import ReplayGuard
+from foltr_async.runtime.schema import (
     Array,
     Bool,
     Bytes,
-    DropMessage,
-    Envelope,
     Float,
     Int,
     ListOf,
     Map,
     Opt,
-    ReplayGuard,
     SchemaRegistry,
-    SharedBody,
     Str,
     Struct,
+)
+from foltr_async.runtime.wire import (
+    DropMessage,
+    Envelope,
+    SharedBody,
     decode,
     decode_from,
     encode,

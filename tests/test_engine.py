@@ -9,9 +9,9 @@ from foltr_async.rng import stream
 from foltr_async.runtime.agent import Agent, handles
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Int, register_kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.schema import Int, register_kind
 
 register_kind("test_engine.model", {"model": Int()})
 register_kind("test_engine.update", {"value": Int()})

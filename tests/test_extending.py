@@ -14,7 +14,6 @@ from foltr_async.errors import FoltrError
 from foltr_async.observe.observer import Observer
 from foltr_async.plugins import load_plugins
 from foltr_async.registry import PLUGINS_ENV, REGISTRY
-from foltr_async.runtime import secure
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
@@ -48,13 +47,11 @@ def plugins():
     """The examples registered for this module's tests only: other tests see the shipped
     protocols (a listing of what supports secure aggregation, say)."""
     load_plugins()  # the shipped protocols first: they are what is restored afterwards
-    saved = dict(REGISTRY.protocols), dict(REGISTRY.behaviours), dict(secure._SUMMABLE)
+    saved = dict(REGISTRY.protocols), dict(REGISTRY.behaviours)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(PLUGINS_ENV, "examples.fedavgm, examples.signflip, examples.fedprox")
         yield load_plugins()
-    for table, before in zip(
-        (REGISTRY.protocols, REGISTRY.behaviours, secure._SUMMABLE), saved, strict=True
-    ):
+    for table, before in zip((REGISTRY.protocols, REGISTRY.behaviours), saved, strict=True):
         table.clear()
         table.update(before)
     for name in ("examples.signflip", "examples.fedavgm", "examples.fedprox"):

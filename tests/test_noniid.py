@@ -13,7 +13,7 @@ from foltr_async.observe.observer import Observer
 from foltr_async.protocols.noniid import MixtureClickModel, stack_views
 from foltr_async.protocols.users import K
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.wire import Envelope
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Simulation
 

@@ -16,14 +16,13 @@ from foltr_async.plugins import BUILTIN, load_plugins
 ROOT = Path(__file__).resolve().parents[1]
 
 TABLES = (
-    "from foltr_async.contract import partitioner\n"
-    "from foltr_async.protocols.eavesdrop import EAVESDROPPERS\n"
     "from foltr_async.registry import REGISTRY\n"
-    "from foltr_async.runtime import codec, secure\n"
+    "from foltr_async.runtime.schema import MESSAGE_KINDS\n"
     "def sizes():\n"
     "    return [len(REGISTRY.protocols), len(REGISTRY.behaviours), len(REGISTRY.aggregators),\n"
-    "            len(codec.REGISTRY.kinds()), len(secure.summable_protocols()),\n"
-    "            len(secure._SCHEMES), partitioner() is not None, len(EAVESDROPPERS)]\n"
+    "            len(REGISTRY.message_kinds.kinds()), len(REGISTRY.summable_protocols()),\n"
+    "            len(REGISTRY.secure_schemes), REGISTRY.partitioner is not None,\n"
+    "            len(REGISTRY.eavesdroppers), REGISTRY.message_kinds is MESSAGE_KINDS]\n"
 )
 
 
@@ -49,11 +48,11 @@ def test_importing_every_module_leaves_the_registries_empty_until_loaded():
         "load_plugins()\n"
         "print(sizes())\n"
         "print('fedavgm' in REGISTRY.protocols, 'sign_flip' in REGISTRY.behaviours,\n"
-        "      'fedavgm.model' in codec.REGISTRY, secure.summable_protocols())\n"
+        "      'fedavgm.model' in REGISTRY.message_kinds, REGISTRY.summable_protocols())\n"
     )
-    assert out[0] == "[0, 0, 0, 0, 0, 0, False, 0]"
-    p, b, a, kinds, summable, schemes, part, eve = eval(out[1])  # noqa: S307 (our own output)
-    assert (p, b, a, schemes, part, eve) == (8, 11, 5, 1, True, 2)
+    assert out[0] == "[0, 0, 0, 0, 0, 0, False, 0, True]"
+    p, b, a, kinds, summable, schemes, part, eve, same = eval(out[1])  # noqa: S307 (our own output)
+    assert (p, b, a, schemes, part, eve, same) == (8, 11, 5, 1, True, 2, True)
     assert kinds > 30 and summable == 2
     assert out[2] == "True True True ['fedavgm', 'fpdgd']"
 

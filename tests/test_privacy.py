@@ -24,7 +24,7 @@ from foltr_async.observe.privacy import (
 from foltr_async.protocols import fpdgd
 from foltr_async.protocols.foltr_es import SEED_METRIC
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import decode
+from foltr_async.runtime.wire import decode
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
 

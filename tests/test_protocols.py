@@ -10,7 +10,7 @@ from foltr_async.protocols.foltr_es import LEVELS, epsilon_bound, perturbation, 
 from foltr_async.protocols.fpdgd import gamma_noise
 from foltr_async.protocols.learner import clip_norm
 from foltr_async.protocols.unlearning import calibrate
-from foltr_async.runtime.codec import DropMessage, Envelope, decode, encode
+from foltr_async.runtime.wire import DropMessage, Envelope, decode, encode
 
 MESSAGES = [
     ("fpdgd.model", {"params": np.arange(5.0)}),

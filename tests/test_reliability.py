@@ -16,7 +16,6 @@ from foltr_async import cli
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.plugins import load_plugins
 from foltr_async.preflight import check_scenario
-from foltr_async.runtime.secure import scheme
 from foltr_async.scenario.load import SECTIONS, load_scenario, validate
 
 BASE = """
@@ -178,7 +177,7 @@ def _number_fields() -> list[tuple[str, str | None, str, bool]]:
     ]
     out += [
         ("fpdgd", None, f"federation.secagg.{key}", f.infinite)
-        for key, f in scheme().fields.items()
+        for key, f in reg.scheme().fields.items()
         if f.kind is float
     ]
     out += [

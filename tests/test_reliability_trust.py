@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 from conftest import free_port
 
-from foltr_async.runtime.codec import Envelope, encode
+from foltr_async.runtime.wire import Envelope, encode
 from foltr_async.runtime.zmqbus import pack_control, unpack_control
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def echo(rnd: int, params: np.ndarray) -> list[tuple]:
 
 
 def _array(code: int, data: bytes):
-    from foltr_async.runtime.codec import _ext_hook
+    from foltr_async.runtime.wire import _ext_hook
 
     return _ext_hook(code, data)
 
@@ -817,14 +817,14 @@ def test_the_ledger_adds_up_workers_counters_and_keeps_clients_entries_apart():
 
     from foltr_async.contract import Probe
     from foltr_async.runtime.bus import MessageStats
-    from foltr_async.runtime.codec import REGISTRY
+    from foltr_async.runtime.schema import MESSAGE_KINDS
     from foltr_async.runtime.trust import RunLedger
 
     probe = Probe()
     probe.extras["replay"] = {"played": 5, "empty_updates": 0}
     ctx = SimpleNamespace(batch_of=lambda aid: 3, client_data=lambda aid: None)
     bus = SimpleNamespace(sent_to=Counter({"client-0000": 10, "client-0001": 10}),
-                          routed=Counter(), routed_bytes=Counter(), registry=REGISTRY,
+                          routed=Counter(), routed_bytes=Counter(), registry=MESSAGE_KINDS,
                           stats=MessageStats())  # fmt: skip
     ledger = RunLedger(SimpleNamespace(probe=probe, ctx=ctx), bus)
     ledger.assign(b"a", ["client-0000"])

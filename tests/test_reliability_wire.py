@@ -26,8 +26,8 @@ from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import DropMessage, Envelope, decode, encode
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.wire import DropMessage, Envelope, decode, encode
 from foltr_async.runtime.zmqbus import pack_control
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation

@@ -27,8 +27,8 @@ from foltr_async.protocols.secagg.primitives import (
     to_ring,
 )
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.codec import Envelope, decode
 from foltr_async.runtime.secure import SecureAggregationError, Summable
+from foltr_async.runtime.wire import Envelope, decode
 
 # --------------------------------------------------------------------------- primitives
 

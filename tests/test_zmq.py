@@ -26,8 +26,8 @@ from foltr_async.distributed import agent_ids, parse_agents
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import run_scenario
 from foltr_async.observe.observer import Observer
-from foltr_async.runtime.codec import Envelope, encode
 from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.wire import Envelope, encode
 from foltr_async.runtime.zmqbus import (
     Hub,
     HubBus,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foltr_async.errors import ScenarioError
-from foltr_async.scenario.fields import Field, check_table, param, parameters
+from foltr_async.params import Field, check_table, param, parameters
 
 #: what a claim expects of ``arm - against``
 EXPECT = ("greater", "less", "equal")

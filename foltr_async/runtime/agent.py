@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import structlog
 
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.wire import Envelope
 
 if TYPE_CHECKING:
     from foltr_async.runtime.bus import Bus

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.engine import RoundReport, ServerAgent
 from foltr_async.runtime.rounds import round_half_up
+from foltr_async.runtime.wire import Envelope
 
 log = structlog.get_logger()
 

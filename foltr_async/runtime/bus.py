@@ -29,21 +29,20 @@ import numpy as np
 import structlog
 
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import (
+from foltr_async.runtime.network import NetworkModel, Presence
+from foltr_async.runtime.replay import ReplayGuard
+from foltr_async.runtime.schema import MESSAGE_KINDS, SchemaRegistry
+from foltr_async.runtime.wire import (
     DEFAULT_MAX_BYTES,
-    REGISTRY,
     WIRE_VERSION,
     DropMessage,
     Envelope,
-    ReplayGuard,
-    SchemaRegistry,
     SharedBody,
     decode,
     decode_from,
     encode_many,
     encode_one,
 )
-from foltr_async.runtime.network import NetworkModel, Presence
 
 __all__ = ["AGENT_REASONS", "Bus", "MemoryBus", "MessageStats"]
 
@@ -255,7 +254,7 @@ class MemoryBus(Bus):
         network: NetworkModel,
         rng: np.random.Generator,
         *,
-        registry: SchemaRegistry = REGISTRY,
+        registry: SchemaRegistry = MESSAGE_KINDS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         replay_window: int = 4096,
     ) -> None:

@@ -18,10 +18,10 @@ import structlog
 
 from foltr_async.runtime.agent import Agent, declared_handlers
 from foltr_async.runtime.bus import Bus
-from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.flgo import FlgoSystem
 from foltr_async.runtime.rounds import RoundPlan, Strategy
 from foltr_async.runtime.secure import SecureServer
+from foltr_async.runtime.wire import Envelope
 
 log = structlog.get_logger()
 

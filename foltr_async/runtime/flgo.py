@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from foltr_async.errors import ScenarioError
+from foltr_async.params import Field, check_table
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import Envelope
-from foltr_async.scenario.fields import Field, check_table
+from foltr_async.runtime.wire import Envelope
 
 __all__ = ["FlgoClient", "FlgoModels", "FlgoSystem", "sln_factor", "yc_window"]
 

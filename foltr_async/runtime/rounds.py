@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.wire import Envelope
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ masks) keeps the old model, like a round with too few replies; the reason is one
 round's facts, in ``events.jsonl`` (``secagg_failed``) and in ``results.json``.
 
 The runtime never imports a protocol: ``foltr_async.plugins.load_plugins`` installs the schemes
-a module provides (``register_scheme``) and each protocol's ``Summable`` reply, which its
-``ProtocolEntry`` declares (``declare_summable``).
+a module provides in the registry, and each protocol's ``ProtocolEntry`` names its ``Summable``
+reply there; ``check_config`` and ``build`` are handed that registry (``SecureNames``).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ import structlog
 
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.runtime.checkpoint import Checkpointed
-from foltr_async.runtime.codec import Envelope
+from foltr_async.runtime.wire import Envelope
 
 if TYPE_CHECKING:
+    from foltr_async.params import Field
     from foltr_async.runtime.agent import Agent
     from foltr_async.runtime.rounds import RoundPlan, Strategy
-    from foltr_async.scenario.fields import Field
 
 __all__ = [
     "Phase",
@@ -53,12 +53,11 @@ __all__ = [
     "SecureClient",
     "SecureRun",
     "SecureServer",
+    "DEFAULT_SCHEME",
+    "SecureNames",
     "Summable",
     "build",
-    "declare_summable",
-    "register_scheme",
-    "scheme",
-    "summable_for",
+    "check_config",
 ]
 
 log = structlog.get_logger()
@@ -102,26 +101,6 @@ class Summable:
         if self.weight is not None:
             body[self.weight] = int(round(weight))
         return body
-
-
-_SUMMABLE: dict[str, Summable] = {}
-
-
-def declare_summable(protocol: str, spec: Summable) -> None:
-    """Install that ``protocol``'s ``spec.kind`` replies may travel masked (FedAvg-style
-    servers); ``load_plugins`` calls it for each ``ProtocolEntry`` with a ``summable``."""
-    old = _SUMMABLE.get(protocol)
-    if old is not None and old != spec:
-        raise ValueError(f"protocol {protocol!r} already declared {old}")
-    _SUMMABLE[protocol] = spec
-
-
-def summable_for(protocol: str) -> Summable | None:
-    return _SUMMABLE.get(protocol)
-
-
-def summable_protocols() -> list[str]:
-    return sorted(_SUMMABLE)
 
 
 # --------------------------------------------------------------------------- server side
@@ -336,36 +315,36 @@ class Scheme:
     fields: dict[str, Field]
     build: Callable[..., SecureRun]
 
+    def install(self, registry: Any) -> None:
+        """Put this scheme in ``registry.secure_schemes`` (``load_plugins`` calls it)."""
+        old = registry.secure_schemes.get(self.name)
+        if old is not None and old is not self:
+            raise ValueError(f"secure-aggregation scheme {self.name!r} registered twice")
+        registry.secure_schemes[self.name] = self
 
-_SCHEMES: dict[str, Scheme] = {}
+
 DEFAULT_SCHEME = "secagg"
 
 
-def register_scheme(entry: Scheme) -> None:
-    old = _SCHEMES.get(entry.name)
-    if old is not None and old is not entry:
-        raise ValueError(f"secure-aggregation scheme {entry.name!r} registered twice")
-    _SCHEMES[entry.name] = entry
+class SecureNames(Protocol):
+    """What this module uses of the plugin registry (``foltr_async.registry.Registry``, named
+    here, not imported: the runtime sits below it)."""
+
+    def summable(self, protocol: str) -> Summable | None: ...
+
+    def summable_protocols(self) -> list[str]: ...
+
+    def scheme(self, name: str = DEFAULT_SCHEME) -> Scheme: ...
 
 
-def scheme(name: str = DEFAULT_SCHEME) -> Scheme:
-    entry = _SCHEMES.get(name)
-    if entry is None:
-        raise ScenarioError(
-            f"federation.secure_aggregation: no scheme {name!r} is registered "
-            "(load_plugins imports it)"
-        )
-    return entry
-
-
-def check_config(fed: dict, robust: bool, where: str = "") -> None:
+def check_config(fed: dict, names: SecureNames, robust: bool, where: str = "") -> None:
     """The scenario-level rules: the protocol must sum its replies, the aggregator must not
     need single updates (one-line ScenarioError naming the key)."""
     at = f"{where}: " if where else ""
-    if summable_for(fed["protocol"]) is None:
+    if names.summable(fed["protocol"]) is None:
         raise ScenarioError(
             f"{at}federation.secure_aggregation: protocol {fed['protocol']!r} does not support "
-            f"secure aggregation (supported: {', '.join(summable_protocols()) or 'none'})"
+            f"secure aggregation (supported: {', '.join(names.summable_protocols()) or 'none'})"
         )
     if robust:
         raise ScenarioError(
@@ -375,10 +354,10 @@ def check_config(fed: dict, robust: bool, where: str = "") -> None:
         )
 
 
-def build(ctx: Any) -> SecureRun | None:
+def build(ctx: Any, names: SecureNames) -> SecureRun | None:
     """The run's secure aggregation from ``federation.secure_aggregation`` / ``secagg``, or None."""
     fed = ctx.cfg["federation"]
     if not fed.get("secure_aggregation"):
         return None
-    check_config(fed, ctx.aggregator.robust)
-    return scheme().build(ctx, summable_for(fed["protocol"]), fed.get("secagg") or {})
+    check_config(fed, names, ctx.aggregator.robust)
+    return names.scheme().build(ctx, names.summable(fed["protocol"]), fed.get("secagg") or {})

@@ -10,7 +10,7 @@ it is merged:
 - displayed-ranking records only of its own clients, nDCG values in [0, 1], at most twice
   the client's assigned interactions per model message the server sent it;
 - delivery counters at most what the hub routed to its clients (messages and bytes);
-- probe extras only under the keys the code declares (``contract.WORKER_EXTRAS``): a table
+- probe extras only under the keys the code declares (``worker_extras``): a table
   keyed by its own client ids (each entry replaces that client's last one) or the counters
   the server declared, added up over the workers;
 - oracle truths only about its own clients.
@@ -27,15 +27,28 @@ from typing import Any
 
 import numpy as np
 
-from foltr_async.contract import WORKER_EXTRAS
-from foltr_async.runtime.codec import Spec, _Invalid
+from foltr_async.runtime.schema import Invalid, Spec
 
-__all__ = ["Measured", "RunLedger"]
+__all__ = ["WORKER_EXTRAS", "Measured", "RunLedger", "worker_extras"]
 
 #: lifecycle states a worker may report for its clients
 _STATES = frozenset(("new", "joined", "left", "crashed"))
 #: how many displayed rankings per interaction the server allows (FOLtR-ES's antithetic pairs)
 _SHOWN_PER_INTERACTION = 2
+
+
+#: Probe extras a worker may report about its own clients, and how the server merges them:
+#: ``"per_client"``, a table keyed by client id (a worker's entry for one of its own clients
+#: replaces that client's last one), or ``"counters"``, named counts the server holds too (each
+#: worker's latest counts are added to the server's own). A worker's other extras are refused.
+WORKER_EXTRAS: dict[str, str] = {}
+
+
+def worker_extras(key: str, merge: str) -> None:
+    """Declare that workers may report ``probe.extras[key]``, merged as ``merge`` says."""
+    if merge not in ("per_client", "counters"):
+        raise ValueError(f"worker_extras: merge must be 'per_client' or 'counters', got {merge!r}")
+    WORKER_EXTRAS[key] = merge
 
 
 class Measured(Spec):
@@ -56,30 +69,30 @@ class Measured(Spec):
             t = type(node)
             if t is dict:
                 if depth >= self.depth:
-                    raise _Invalid(f"measurement nested deeper than {self.depth} levels")
+                    raise Invalid(f"measurement nested deeper than {self.depth} levels")
                 for key in node:
                     if type(key) is not str or len(key) > 256:
-                        raise _Invalid("measurement tables need string keys (at most 256 chars)")
+                        raise Invalid("measurement tables need string keys (at most 256 chars)")
                 todo += [(v, depth + 1) for v in node.values()]
                 n += len(node)
             elif t is list:
                 if depth >= self.depth:
-                    raise _Invalid(f"measurement nested deeper than {self.depth} levels")
+                    raise Invalid(f"measurement nested deeper than {self.depth} levels")
                 todo += [(v, depth + 1) for v in node]
             elif t is np.ndarray:
                 if node.dtype.kind not in "biuf":
-                    raise _Invalid(f"measurement array of dtype {node.dtype}")
+                    raise Invalid(f"measurement array of dtype {node.dtype}")
                 n += node.size
             elif t is str:
                 if len(node) > 256:
-                    raise _Invalid("measurement strings hold at most 256 characters")
+                    raise Invalid("measurement strings hold at most 256 characters")
                 n += 1
             elif t in (int, float, bool) or node is None:
                 n += 1
             else:
-                raise _Invalid(f"measurement value of type {t.__name__}")
+                raise Invalid(f"measurement value of type {t.__name__}")
             if n > self.scalars:
-                raise _Invalid(f"measurement of more than {self.scalars} values")
+                raise Invalid(f"measurement of more than {self.scalars} values")
         return value
 
 

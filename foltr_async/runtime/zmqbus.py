@@ -79,25 +79,19 @@ from zmq.utils.monitor import recv_monitor_message
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.inputs import nesting_depth
 from foltr_async.runtime.bus import MemoryBus
-from foltr_async.runtime.codec import (
+from foltr_async.runtime.network import NetworkModel
+from foltr_async.runtime.replay import ReplayGuard
+from foltr_async.runtime.schema import MESSAGE_KINDS, Int, ListOf, SchemaRegistry, Spec, Str, Struct
+from foltr_async.runtime.wire import (
     DEFAULT_MAX_BYTES,
-    REGISTRY,
     WIRE_VERSION,
     DropMessage,
     Envelope,
-    Int,
-    ListOf,
-    ReplayGuard,
-    SchemaRegistry,
-    Spec,
-    Str,
-    Struct,
     _header,
     decode,
     encode,
     encode_many,
 )
-from foltr_async.runtime.network import NetworkModel
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -396,7 +390,7 @@ class HubBus(MemoryBus):
         hub: Hub,
         run: int,
         *,
-        registry: SchemaRegistry = REGISTRY,
+        registry: SchemaRegistry = MESSAGE_KINDS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         replay_window: int = 4096,
     ) -> None:
@@ -564,7 +558,7 @@ class WorkerBus(MemoryBus):
         link: WorkerLink,
         run: int,
         *,
-        registry: SchemaRegistry = REGISTRY,
+        registry: SchemaRegistry = MESSAGE_KINDS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         replay_window: int = 4096,
     ) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from foltr_async.errors import ScenarioError
 from foltr_async.names import suggest
-from foltr_async.scenario.fields import Field, check_table, fail
+from foltr_async.params import Field, check_table, fail
 
 GRID_FIELDS = {
     "name": Field(str, help="variant name template, e.g. 'dp-eps{epsilon}-delta{sensitivity}'"),

@@ -16,8 +16,8 @@ from typing import Any
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped, relative_note
 from foltr_async.names import NAME_MAX, VARIANT_RULE, bad_variant_name, suggest
+from foltr_async.params import Field, check_table, fail, key_text
 from foltr_async.registry import REGISTRY, unknown
-from foltr_async.scenario.fields import Field, check_table, fail, key_text
 
 SECTIONS: dict[str, dict[str, Field]] = {
     "scenario": {
@@ -503,9 +503,9 @@ def _secure_aggregation(fed: dict[str, Any], where: str, registry) -> None:
 
     on = fed["secure_aggregation"]
     fed["secure_aggregation"] = on = bool(fed["secagg"]) if on is None else on
-    fed["secagg"] = check_table(fed["secagg"], secure.scheme().fields, where, "federation.secagg")
+    fed["secagg"] = check_table(fed["secagg"], registry.scheme().fields, where, "federation.secagg")
     if on:
-        secure.check_config(fed, registry.aggregators[fed["aggregator"]].robust, where)
+        secure.check_config(fed, registry, registry.aggregators[fed["aggregator"]].robust, where)
 
 
 def _partition(fed: dict[str, Any], where: str, proto) -> None:
@@ -519,9 +519,7 @@ def _partition(fed: dict[str, Any], where: str, proto) -> None:
             "federation.partition",
             f"no table: protocol {proto.name!r} does not read per-client data",
         )
-    from foltr_async.contract import partitioner
-
-    entry = partitioner()
+    entry = REGISTRY.partitioner
     if entry is None:
         raise fail(where, "federation.partition", "no table: no partitioner is registered")
     fed["partition"] = check_table(fed["partition"], entry.fields, where, "federation.partition")

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from foltr_async.errors import FoltrError
+from foltr_async.params import _REQUIRED
 from foltr_async.registry import Registry, unknown
-from foltr_async.scenario.fields import _REQUIRED
 
 #: small enough to run in seconds on a laptop core, large enough to learn something
 ROUNDS, CLIENTS, QUERIES = 20, 10, 400

@@ -83,11 +83,11 @@ candidates, test set), ``primitives`` (ListNet, evaluation, both halves of a rev
 
 from __future__ import annotations
 
+from foltr_async.params import param, parameters
 from foltr_async.protocols.csfltr import messages
 from foltr_async.protocols.csfltr.eavesdropper import RelayEavesdropper
 from foltr_async.protocols.csfltr.server import CSFLTR
 from foltr_async.registry import BehaviourEntry, ProtocolEntry
-from foltr_async.scenario.fields import param, parameters
 
 #: its scenario name (``federation.protocol``)
 NAME = "csfltr"

@@ -9,7 +9,7 @@ import numpy as np
 
 from foltr_async.protocols.csfltr.messages import QUERIES, TF_QUERY
 from foltr_async.protocols.eavesdrop import TapEavesdropper
-from foltr_async.runtime.codec import decode
+from foltr_async.runtime.wire import decode
 
 if TYPE_CHECKING:
     from foltr_async.protocols.csfltr.corpus import CorpusRun

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from foltr_async.contract import worker_extras
 from foltr_async.ltr.sketch import cover_rate
 from foltr_async.ltr.text import TextCorpus
 from foltr_async.protocols.csfltr.corpus import CorpusRun, PartyIndex, PartyText, party_text
 from foltr_async.protocols.csfltr.messages import NAIVE_ANSWER, NAIVE_QUERY, RTK_ANSWER, RTK_QUERY
+from foltr_async.runtime.trust import worker_extras
 
 if TYPE_CHECKING:
     from foltr_async.contract import Probe

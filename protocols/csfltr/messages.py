@@ -3,7 +3,7 @@ parties' sketch queries and answers (relayed by the server) and the collection s
 
 from __future__ import annotations
 
-from foltr_async.runtime.codec import Array, Bool, Int, Kind, Str
+from foltr_async.runtime.schema import Array, Bool, Int, Kind, Str
 
 MODEL = "csfltr.model"
 UPDATE = "csfltr.update"

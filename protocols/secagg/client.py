@@ -36,8 +36,8 @@ from foltr_async.protocols.secagg.primitives import (
 )
 from foltr_async.protocols.secagg.settings import Settings
 from foltr_async.runtime.agent import Agent
-from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureClient, Summable
+from foltr_async.runtime.wire import Envelope
 
 log = structlog.get_logger()
 

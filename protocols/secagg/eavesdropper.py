@@ -8,7 +8,7 @@ from foltr_async.protocols import eavesdrop, fpdgd
 from foltr_async.protocols.secagg.messages import MASKED
 from foltr_async.protocols.secagg.primitives import from_ring
 from foltr_async.protocols.secagg.settings import Settings
-from foltr_async.runtime.codec import Envelope, decode, encode
+from foltr_async.runtime.wire import Envelope, decode, encode
 
 
 class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):

@@ -12,9 +12,10 @@ import numpy as np
 from foltr_async.protocols.secagg.client import SecAggClient
 from foltr_async.protocols.secagg.scheme import make_run
 from foltr_async.runtime.agent import Agent, client_id, handles
-from foltr_async.runtime.codec import Array, Envelope, Int, Kind
 from foltr_async.runtime.engine import RoundPlan, ServerAgent, Strategy
+from foltr_async.runtime.schema import Array, Int, Kind
 from foltr_async.runtime.secure import SecureRun, Summable
+from foltr_async.runtime.wire import Envelope
 
 BENCH_MODEL = "secagg.bench.model"
 BENCH_UPDATE = "secagg.bench.update"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from foltr_async.protocols.secagg.primitives import CHUNKS, KEY_LEN
-from foltr_async.runtime.codec import Array, Bytes, Int, Kind, ListOf, Str
+from foltr_async.runtime.schema import Array, Bytes, Int, Kind, ListOf, Str
 
 ADVERTISE = "secagg.advertise"
 KEYS = "secagg.keys"

@@ -34,8 +34,8 @@ from foltr_async.protocols.secagg.primitives import (
     threshold_of,
 )
 from foltr_async.protocols.secagg.settings import Settings
-from foltr_async.runtime.codec import Envelope
 from foltr_async.runtime.secure import SecureAggregationError, SecureServer, Summable
+from foltr_async.runtime.wire import Envelope
 
 
 @dataclass

@@ -3,7 +3,7 @@ and server) and by the scheme that builds them, so it sits below all three."""
 
 from __future__ import annotations
 
-from foltr_async.scenario.fields import param, parameters
+from foltr_async.params import param, parameters
 
 
 @parameters
