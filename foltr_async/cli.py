@@ -491,8 +491,10 @@ def _internal_error(e: BaseException, out: Path) -> int:
 
 def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
     """The server side of a zmq run: bound as asked (serve) or with local workers (run)."""
-    from foltr_async.distributed import LocalWorkers, ZmqServer, wire_limits
-    from foltr_async.runtime.zmqbus import load_server_keys
+    from foltr_async.distributed.control import wire_limits
+    from foltr_async.distributed.launcher import LocalWorkers
+    from foltr_async.distributed.server import ZmqServer
+    from foltr_async.runtime.zmq_keys import load_server_keys
 
     common = {"join_timeout": args.join_timeout, "heartbeat_timeout": args.heartbeat_timeout}
     if serve:
@@ -905,10 +907,11 @@ def _cmd_join(argv: list[str]) -> int:
             "--insecure for plaintext without authentication"
         )
     scenario = load_scenario(args.scenario, args.sets, seed=args.seed, only=args.only)
-    from foltr_async.distributed import join, parse_agents
+    from foltr_async.distributed.claims import parse_agents
+    from foltr_async.distributed.worker import join
     from foltr_async.observe.log import configure_logging
     from foltr_async.runtime.clock import run as run_loop
-    from foltr_async.runtime.zmqbus import load_worker_keys
+    from foltr_async.runtime.zmq_keys import load_worker_keys
 
     claims = parse_agents(args.agents)
     keys = None if args.insecure else load_worker_keys(args.keys, args.name)
@@ -954,7 +957,7 @@ def _cmd_keys(argv: list[str]) -> int:
         args.dir / ("server.key_secret" if args.action == "init" else f"{args.name}.key_secret"),
         args.in_work_tree,
     )
-    from foltr_async.runtime.zmqbus import add_worker_key, make_keys
+    from foltr_async.runtime.zmq_keys import add_worker_key, make_keys
 
     if args.action == "init":
         paths = make_keys(args.dir, args.workers)

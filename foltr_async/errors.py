@@ -15,3 +15,7 @@ class DatasetError(FoltrError):
 
 class ScenarioError(FoltrError):
     """A scenario file is invalid: the message names file, key path and what was expected."""
+
+
+class TransportError(FoltrError):
+    """The transport cannot work: no server, refused key, bad key files, bad address."""

@@ -438,7 +438,7 @@ def run_scenario(
     reused: dict[tuple[str, int], dict] | None = None,
 ) -> dict:
     """Run every repeat of every variant; ``remote``: a multi-process transport's server side
-    (``foltr_async.distributed.ZmqServer``) instead of the in-memory bus in virtual time.
+    (``foltr_async.distributed.server.ZmqServer``) instead of the in-memory bus in virtual time.
     ``jobs`` > 1 or ``executor = "ray"`` runs the in-memory repeats in parallel
     (``foltr_async.parallel``; a checkpoint then keeps finished repeats only). ``reused``:
     repeats taken from earlier runs instead of run, by (variant, repeat) (``reused_repeats``).

@@ -25,7 +25,7 @@ import zmq
 from conftest import free_port
 
 from foltr_async.runtime.wire import Envelope, encode
-from foltr_async.runtime.zmqbus import pack_control, unpack_control
+from foltr_async.runtime.zmq_wire import pack_control, unpack_control
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "foltr_async"]
@@ -270,8 +270,8 @@ async def test_a_deeply_nested_control_frame_is_refused_at_decode_and_counted():
     (RecursionError, exit 1). The hub refuses it unbuilt past 16 levels and counts it."""
     import zmq.asyncio
 
-    from foltr_async.distributed import WORKER_CONTROL
-    from foltr_async.runtime.zmqbus import Hub
+    from foltr_async.distributed.control import WORKER_CONTROL
+    from foltr_async.runtime.zmq_endpoints import Hub
 
     got = []
     hub = Hub("tcp://127.0.0.1:0", keys=None, on_control=lambda p, m: got.append(m["t"]),
@@ -653,7 +653,7 @@ def test_a_key_says_hello_only_under_its_own_worker_name(tmp_path, mq2008_dir):
     unhosted."""
     import zmq.auth
 
-    from foltr_async.runtime.zmqbus import make_keys
+    from foltr_async.runtime.zmq_keys import make_keys
 
     keys = tmp_path / "keys"
     make_keys(keys, workers=2)

@@ -28,7 +28,7 @@ from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.wire import DropMessage, Envelope, decode, encode
-from foltr_async.runtime.zmqbus import pack_control
+from foltr_async.runtime.zmq_wire import pack_control
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
 
@@ -189,7 +189,7 @@ def test_zmq_hub_fuzz_from_a_connected_peer_is_dropped_by_reason_and_the_run_end
     are the memory run's, every fuzz frame is a counted drop and the server's memory stays
     flat. Oversized envelopes are just over the run's message limit (the hub's frame limit
     is above it: they reach the codec, which drops and counts them)."""
-    from foltr_async.distributed import wire_limits
+    from foltr_async.distributed.control import wire_limits
 
     path = scenario(tmp_path, mq2008_dir, rounds=12, round_gap=0.4)
     limits = wire_limits(load_scenario(path))
@@ -304,7 +304,7 @@ def test_wire_limits_come_from_the_run_and_stay_far_below_the_old_64_mb(tmp_path
     """The limits follow the run's model and federation: a 4-client MQ2008 run takes data
     messages under 100 KB and frames of 4 MB, not 64 MB, and what one peer can queue at the
     hub is bounded (the old hub: 10^6 frames of up to 64 MB)."""
-    from foltr_async.distributed import wire_limits
+    from foltr_async.distributed.control import wire_limits
 
     limits = wire_limits(load_scenario(scenario(tmp_path, mq2008_dir)))
     print(f"limits: frame {limits.frame} B, message {limits.message} B, hwm {limits.hwm}, "
@@ -324,7 +324,8 @@ async def test_a_stranger_gets_a_size_checked_hello_before_anything_is_unpacked(
     hellos of 2 M claims (1.5 GB) to the end of the run."""
     import zmq.asyncio
 
-    from foltr_async.runtime.zmqbus import Hub, WireLimits
+    from foltr_async.runtime.zmq_endpoints import Hub
+    from foltr_async.runtime.zmq_wire import WireLimits
 
     hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(clients=8, items=1000))
     endpoint = await hub.start()
@@ -369,7 +370,7 @@ async def test_a_worker_building_its_run_is_not_lost_for_its_silence_and_is_afte
     it is one again."""
     import zmq.asyncio
 
-    from foltr_async.runtime.zmqbus import Hub
+    from foltr_async.runtime.zmq_endpoints import Hub
 
     lost, building = [], set()
     hub = Hub("tcp://127.0.0.1:0", keys=None, heartbeat=0.05, timeout=0.3, on_lost=lost.append,
@@ -397,7 +398,7 @@ async def test_a_junk_flood_is_handled_in_batches_so_the_loop_stays_responsive()
     """40 k junk control frames queued at once: the hub counts them all while the rest of its
     event loop (heartbeats, rounds) keeps running. The old receive loop handled every queued
     frame before yielding: the loop stalled for the whole backlog and workers timed out."""
-    from foltr_async.runtime.zmqbus import Hub
+    from foltr_async.runtime.zmq_endpoints import Hub
 
     n = 40_000
     hub = Hub("tcp://127.0.0.1:0", keys=None)
@@ -451,7 +452,8 @@ async def test_a_frame_over_the_limit_is_refused_before_the_hub_holds_it():
     the hub never buffers or sees it (the old hub took frames of up to 64 MB)."""
     import zmq.asyncio
 
-    from foltr_async.runtime.zmqbus import Hub, WireLimits
+    from foltr_async.runtime.zmq_endpoints import Hub
+    from foltr_async.runtime.zmq_wire import WireLimits
 
     hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(frame=64 * 1024))
     endpoint = await hub.start()
@@ -479,7 +481,7 @@ async def test_a_frame_over_the_limit_is_refused_before_the_hub_holds_it():
 def test_saved_states_are_split_under_the_frame_budget():
     """A checkpoint reply from a worker hosting many clients goes in parts under half a
     frame, never one frame that grows with the clients it hosts."""
-    from foltr_async.distributed import _split
+    from foltr_async.distributed.worker import _split
 
     agents = {f"client-{i:04d}": {"state": "joined", "blob": bytes(3000)} for i in range(10)}
     parts = _split(agents, 10_000)
@@ -496,7 +498,8 @@ async def test_a_worker_that_never_reads_loses_frames_counted_not_queued_without
     room, holding every pending frame in memory."""
     import zmq.asyncio
 
-    from foltr_async.runtime.zmqbus import Hub, WireLimits
+    from foltr_async.runtime.zmq_endpoints import Hub
+    from foltr_async.runtime.zmq_wire import WireLimits
 
     hub = Hub("tcp://127.0.0.1:0", keys=None, limits=WireLimits(hwm=8, send_hwm=8))
     endpoint = await hub.start()

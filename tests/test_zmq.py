@@ -22,20 +22,16 @@ import numpy as np
 import pytest
 from conftest import free_port
 
-from foltr_async.distributed import agent_ids, parse_agents
+from foltr_async.distributed.claims import agent_ids, parse_agents
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import run_scenario
 from foltr_async.observe.observer import Observer
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.wire import Envelope, encode
-from foltr_async.runtime.zmqbus import (
-    Hub,
-    HubBus,
-    add_worker_key,
-    make_keys,
-    pack_control,
-    unpack_control,
-)
+from foltr_async.runtime.zmq_buses import HubBus
+from foltr_async.runtime.zmq_endpoints import Hub
+from foltr_async.runtime.zmq_keys import add_worker_key, make_keys
+from foltr_async.runtime.zmq_wire import pack_control, unpack_control
 from foltr_async.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,7 +232,7 @@ async def test_garbage_control_frames_are_counted_once_with_one_warning_per_reas
     import zmq
     import zmq.asyncio
 
-    from foltr_async.distributed import ZmqServer
+    from foltr_async.distributed.server import ZmqServer
 
     srv = ZmqServer("tcp://127.0.0.1:0", keys=None)
     await srv.start()

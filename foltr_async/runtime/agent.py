@@ -116,8 +116,8 @@ class Agent(Checkpointed):
     """Base class of every participant (server, client, attacker, eavesdropper)."""
 
     role: str = "agent"
-    #: hosted in this process (``distributed.RemoteAgent``, the stand-in for an agent another
-    #: process hosts, says True)
+    #: hosted in this process (``distributed.server.RemoteAgent``, the stand-in for an agent
+    #: another process hosts, says True)
     remote: ClassVar[bool] = False
     #: The run's machinery, rebuilt with it; the lifecycle ``state`` is checkpointed apart
     #: (it decides how the agent restarts). Every other attribute (a subclass's too) is state.

@@ -1,9 +1,9 @@
 """What the server takes from a worker: checked against what that worker was assigned.
 
 A worker is a peer, not part of the server: whatever it sends is a claim. Its control
-messages are typed and bounded at the hub (``distributed.WORKER_CONTROL``, ``Measured``);
-this module checks what they say against the server's own records of the run before any of
-it is merged:
+messages are typed and bounded at the hub (``distributed.control.WORKER_CONTROL``,
+``Measured``); this module checks what they say against the server's own records of the
+run before any of it is merged:
 
 - states (``ready``, ``ack``) only of the clients the request named;
 - saved agent states (``snapped``) only of its own clients;
