@@ -336,7 +336,10 @@ federation = { protocol = "foltr_es", params = { streams = "authors" } }
     assert rep["unlearning"]["clients"] == ["client-0006"]  # the server-hosted attacker left
     ascended = z["variants"]["ascended"]["repeats"][0]["unlearning"]
     assert ascended["relevance_reset"]["queries"] > 0
-    assert ascended == memory["variants"]["ascended"]["repeats"][0]["unlearning"]
+    in_memory = memory["variants"]["ascended"]["repeats"][0]["unlearning"]
+    # everything but the phase's duration, which over ZeroMQ is real seconds
+    assert ascended.pop("sim_s") >= 0.0 and in_memory.pop("sim_s") >= 0.0
+    assert ascended == in_memory
     t = rep["transport"]
     assert t["kind"] == "zmq" and t["secure"] and t["workers"] == 3
     # 12 training + 4 calibration broadcasts, each reaching 3 workers once, while the clients
