@@ -85,7 +85,6 @@ def startup_child(spec: dict) -> dict:
     from foltr_async.rng import stream
     from foltr_async.runtime.bus import MemoryBus
     from foltr_async.runtime.clock import run
-    from foltr_async.runtime.network import NetworkModel
 
     load_plugins()  # the protocols (and what they import) are part of every run's start-up
     imported = time.time()
@@ -109,7 +108,7 @@ def startup_child(spec: dict) -> dict:
             stamp["round1_cpu"] = time.process_time()
             raise _FirstRound
 
-    bus = ProbeBus(NetworkModel.from_dict(cfg["network"]), stream(spec["seed"], "net"))
+    bus = ProbeBus(cfg.new_network(), stream(spec["seed"], "net"))
     with contextlib.suppress(_FirstRound):
         run(simulation.Simulation(cfg, spec["seed"], EndOfRound1(), bus=bus).run())
     return {
@@ -160,9 +159,8 @@ def memory_child(spec: dict) -> dict:
     async def build() -> None:
         bus = MemoryBus(NetworkModel(), stream(spec["seed"], "net"))
         ctx = simulation.RunContext(
-            cfg, spec["seed"], data, bus, simulation.Probe(), REGISTRY.aggregators["fedavg"],
-            0, lambda *a, **k: None,
-        )  # fmt: skip
+            cfg, spec["seed"], data, bus, simulation.Probe(), lambda *a, **k: None
+        )
         proto = REGISTRY.protocols["fpdgd"].build(ctx)
         queries = simulation.assign_queries(
             data.train.n_queries, n + n_traced, mode, ctx.rng("data")

@@ -14,8 +14,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from foltr_async.errors import DatasetError
+
+if TYPE_CHECKING:
+    from foltr_async.config import RunConfig
 
 PROFILE = "mslr-like"  # the embedded profile shaped like MSLR-WEB10K (136 features, ~120 docs)
 N_FEATURES = 136
@@ -177,7 +181,7 @@ def scenario_config(
     every: int,
     data_mode: str = "partition",
     seed: int = 0,
-) -> dict:
+) -> RunConfig:
     from foltr_async.plugins import load_plugins
     from foltr_async.scenario.load import validate
 

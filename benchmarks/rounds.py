@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from foltr_async.benchmarks.measure import (
     sizes_of,
 )
 from foltr_async.observe.observer import Observer
+
+if TYPE_CHECKING:
+    from foltr_async.config import RunConfig
 
 
 class _Stopwatch(Observer):
@@ -58,7 +61,7 @@ class _Stopwatch(Observer):
             self.profiler.enable()
 
 
-def _simulate(cfg: dict, window: int, seed: int = 0, profile: bool = False) -> dict:
+def _simulate(cfg: RunConfig, window: int, seed: int = 0, profile: bool = False) -> dict:
     """Run one simulation; time rounds 2 .. window+1 (the last round's extra evaluation is
     outside the window)."""
     from foltr_async.runtime.clock import run

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from examples.fedavgm import Client
-from foltr_async.protocols.api import BehaviourEntry, param, parameters
-from foltr_async.protocols.fpdgd import FPDGDClient
+from foltr_async.protocols.api import BehaviourEntry, FPDGDClient, param, parameters
 
 
 @parameters
@@ -46,7 +45,8 @@ CLIENTS = {"fedavgm": SignFlipClient, "fpdgd": FPDGDSignFlipClient}
 
 
 def build(ctx, proto, group, agent_id, queries, rng) -> SignFlip:
-    return CLIENTS[ctx.protocol](agent_id, ctx, queries, rng, Params.of(group).scale)
+    cls = CLIENTS[ctx.config.federation.protocol]
+    return cls(agent_id, ctx, queries, rng, group.params.scale)
 
 
 #: what this module provides: ``foltr_async.plugins.load_plugins`` installs it

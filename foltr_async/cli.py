@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from foltr_async import __version__
-from foltr_async.errors import FoltrError
+from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.outdir import lock, new_folder, refuse_taken, release_locks
 
 #: exit code of a finished run in which some variant learned or measured nothing
@@ -46,7 +46,7 @@ COMMANDS = (
 def _refuse_unaudited(scenario) -> None:
     """``audit``: every variant runs an auditor (which refuses a run without its canary)."""
     for name, cfg in scenario.variants.items():
-        if not any(g["behaviour"] == "auditor" for g in cfg["agents"]):
+        if not any(g.behaviour == "auditor" for g in cfg.agents):
             raise FoltrError(
                 f"{scenario.path}: variant {name!r}: expected an [[agents]] group with behaviour "
                 "'auditor', and its canaries (docs/PROTOCOLS.md, Privacy auditing)"
@@ -387,7 +387,7 @@ def _cmd_run(argv: list[str], serve: bool = False, audit: bool = False) -> int:
         from foltr_async.observe.observer import Observers
         from foltr_async.observe.tracking import make_trackers
 
-        trackers = make_trackers(args.track, out, scenario.variants, args.mlflow_uri)
+        trackers = make_trackers(args.track, out, scenario.settings(), args.mlflow_uri)
         reporter = Observers([reporter, *trackers])
     remote = _zmq_server(args, scenario, serve, out) if zmq else None
     try:
@@ -496,6 +496,12 @@ def _zmq_server(args: argparse.Namespace, scenario, serve: bool, out: Path):
     from foltr_async.distributed.server import ZmqServer
     from foltr_async.runtime.zmq_keys import load_server_keys
 
+    replayed = [name for name, cfg in scenario.variants.items() if cfg.dataset.replayed]
+    if replayed:  # its clients' queries arrive by the one run's simulated clock
+        raise ScenarioError(
+            f"{scenario.where(replayed[0])}: dataset.format: 'aol4foltr' replays its log in "
+            "simulated time: expected an in-memory run, not a ZeroMQ one"
+        )
     common = {"join_timeout": args.join_timeout, "heartbeat_timeout": args.heartbeat_timeout}
     if serve:
         if args.keys is None and not args.insecure:

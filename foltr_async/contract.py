@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.metrics import OnlineDiscounted, count_judged, offline_metrics
@@ -27,10 +28,8 @@ from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent
 from foltr_async.runtime.bus import Bus
 from foltr_async.runtime.checkpoint import Checkpointed, CheckpointError, capture, restore
-from foltr_async.runtime.clock import VirtualTimeLoop
 from foltr_async.runtime.engine import RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoSystem
-from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureClient, SecureRun
 from foltr_async.runtime.trust import worker_extras
 
@@ -70,18 +69,16 @@ def _record(r: Any) -> bool:
     )
 
 
-def model_message_bytes(cfg: dict, data: Datasets) -> int:
+def model_message_bytes(cfg: RunConfig, data: Datasets) -> int:
     """A generous bound on a message of a protocol whose messages carry the model: a few copies
     of it or a list of training query numbers, plus headers, and with secure aggregation one
     entry per client (its rosters and shares). For ``ProtocolEntry.wire_bytes``."""
-    r = cfg["ranker"]
-    kw = {"hidden": tuple(r["hidden"])} if r["kind"] == "mlp" else {}
-    ranker = make_ranker(r["kind"], data.train.n_features, rng=np.random.default_rng(0), **kw)
-    fed = cfg["federation"]
+    r = cfg.ranker
+    kw = {"hidden": tuple(r.hidden)} if r.kind == "mlp" else {}
+    ranker = make_ranker(r.kind, data.train.n_features, rng=np.random.default_rng(0), **kw)
     size = (64 << 10) + 16 * 8 * ranker.n_params + 8 * data.train.n_queries
-    if fed.get("secure_aggregation"):
-        attackers = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
-        size += 512 * (fed["clients"] + attackers)
+    if cfg.federation.secure_aggregation:
+        size += 512 * cfg.n_clients
     return size
 
 
@@ -162,15 +159,14 @@ class Probe(Checkpointed):
 
 @dataclass
 class RunContext:
-    """What a protocol needs to build its run; nothing here is shared mutable state of agents."""
+    """What a protocol's run and agents use: the configuration, time, the bus, randomness, the
+    data and its evaluation, the probe; nothing here is shared mutable state of agents."""
 
-    cfg: dict
+    config: RunConfig
     seed: int
     data: Datasets
     bus: Bus
     probe: Probe
-    aggregator: AggregatorEntry
-    n_malicious: int
     emit: Callable[..., None]
     #: Per-run objects a protocol's agents share through ``shared`` (e.g. a compute pool).
     _shared: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
@@ -186,68 +182,22 @@ class RunContext:
     secure: SecureRun | None = field(default=None, init=False, repr=False)
     #: the loop time of simulated time zero (``now``: a replayed log's clock)
     clock0: float = field(default=0.0, init=False, repr=False)
-    #: The protocol's ``@parameters`` instance of ``[federation.params]`` (checked), built once
-    #: with the context (every client and the strategy read it), not on each access.
-    params: Any = field(init=False, repr=False)
-    #: The scenario values protocols read, typed and built once with the context (a protocol
-    #: reads these, not ``cfg``): ``federation.protocol``, ``.clients`` (honest ones),
-    #: ``.queries_per_client``, ``.rounds``, ``.data``, ``.partition``,
-    #: ``.secure_aggregation``; ``evaluation.every``, ``.no_relevant``, ``.max_test_queries``;
-    #: ``ranker.kind``; the ``[[agents]]`` groups; the actions its timeline names.
-    protocol: str = field(init=False, repr=False)
-    honest_clients: int = field(init=False, repr=False)
-    #: every client of the federation: the honest ones and the attackers
-    n_clients: int = field(init=False, repr=False)
-    queries_per_client: int = field(init=False, repr=False)
-    rounds: int = field(init=False, repr=False)
-    data_mode: str = field(init=False, repr=False)
-    partition_spec: dict = field(init=False, repr=False)
-    secure_aggregation: bool = field(init=False, repr=False)
-    #: ``[federation.secagg]``: the scheme's settings as the scenario gives them
-    secagg: dict = field(init=False, repr=False)
-    eval_every: int = field(init=False, repr=False)
-    no_relevant: str = field(init=False, repr=False)
-    max_test_queries: int | None = field(init=False, repr=False)
-    ranker_kind: str = field(init=False, repr=False)
-    agent_groups: tuple[dict, ...] = field(init=False, repr=False)
-    timeline_actions: frozenset[str] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        cfg = self.cfg
-        fed, ev = cfg["federation"], cfg["evaluation"]
-        self.params = REGISTRY.protocols[fed["protocol"]].params(**fed["params"])
-        self.protocol = fed["protocol"]
-        self.honest_clients = fed["clients"]
-        self.n_clients = fed["clients"] + self.n_malicious
-        self.queries_per_client = fed["queries_per_client"]
-        self.rounds = fed["rounds"]
-        self.data_mode = fed["data"]
-        self.partition_spec = fed["partition"]
-        self.secure_aggregation = bool(fed.get("secure_aggregation"))
-        self.secagg = fed.get("secagg") or {}
-        self.eval_every = ev["every"]
-        self.no_relevant = ev["no_relevant"]
-        self.max_test_queries = ev["max_test_queries"]
-        self.ranker_kind = cfg["ranker"]["kind"]
-        self.agent_groups = tuple(cfg["agents"])
-        self.timeline_actions = frozenset(t["action"] for t in cfg["timeline"])
 
     @property
-    def assumed_malicious(self) -> int:
-        """m for the robust aggregators: ``federation.assumed_malicious`` or the attackers."""
-        m = self.cfg["federation"].get("assumed_malicious")
-        return self.n_malicious if m is None else m
+    def params(self) -> Any:
+        """The protocol's ``@parameters`` instance of ``[federation.params]``."""
+        return self.config.params
+
+    @property
+    def aggregator(self) -> AggregatorEntry:
+        """``federation.aggregator``: how the server combines the replies."""
+        return REGISTRY.aggregators[self.config.federation.aggregator]
 
     def now(self) -> float:
         """Simulated seconds since the run started: the clock a replayed log's queries arrive
-        by (in-memory runs only: another process's clock does not share this zero)."""
-        loop = asyncio.get_running_loop()
-        if not isinstance(loop, VirtualTimeLoop):
-            raise ScenarioError(
-                "dataset.format: 'aol4foltr' replays its log in simulated time: expected an "
-                "in-memory run, not a multi-process one"
-            )
-        return loop.time() - self.clock0
+        by (in-memory runs only: the CLI refuses a replayed log over ZeroMQ, where another
+        process's clock does not share this zero)."""
+        return asyncio.get_running_loop().time() - self.clock0
 
     def secure_half(self, agent_id: str) -> SecureClient | None:
         """The secure-aggregation half a client (or attacker) is built with
@@ -275,24 +225,24 @@ class RunContext:
         return dict(self._shared)
 
     def new_ranker(self):
-        r = self.cfg["ranker"]
+        r = self.config.ranker
         kw = {}
-        if r["kind"] == "mlp":
-            own = REGISTRY.protocols[self.cfg["federation"]["protocol"]].mlp
-            kw = {"hidden": tuple(r["hidden"])}
+        if r.kind == "mlp":
+            own = REGISTRY.protocols[self.config.federation.protocol].mlp
+            kw = {"hidden": tuple(r.hidden)}
             for key in ("activation", "init"):
-                value = r.get(key) or own.get(key)
+                value = getattr(r, key) or own.get(key)
                 if value:
                     kw[key] = value
-        return make_ranker(r["kind"], self.data.train.n_features, rng=self.rng("ranker-init"), **kw)
+        return make_ranker(r.kind, self.data.train.n_features, rng=self.rng("ranker-init"), **kw)
 
     def compute_scale(self, agent_id: str) -> float:
         """This client's device multiplier of local compute time (``network.compute_scale``)."""
-        network = self.shared("network", lambda: NetworkModel.from_dict(self.cfg["network"]))
+        network = self.shared("network", self.config.new_network)
         return network.device_scale(agent_id, self.rng("device", agent_id))
 
     def click_model(self, name: str | None = None):
-        return cascade(name or self.cfg["clicks"]["model"], self.data.n_grades)
+        return cascade(name or self.config.clicks.model, self.data.n_grades)
 
     def client_data(self, agent_id: str) -> ClientData | None:
         """This client's data under ``[federation.partition]`` (None: the run's defaults)."""
@@ -315,7 +265,7 @@ class RunContext:
         own = self.client_data(agent_id)
         if own is not None and own.batch is not None:
             return own.batch
-        return self.queries_per_client
+        return self.config.federation.queries_per_client
 
     def most_interactions(self, agent_id: str) -> int:
         """The most interactions one update of a client may report: its batch, or with a
@@ -337,9 +287,9 @@ class RunContext:
         if self.partition is not None and self.partition.test_sets:
             views = self.partition.test_sets
             self.judged_queries = min(map(count_judged, views))
-            return evaluate_views(ranker, views, self.no_relevant)
+            return evaluate_views(ranker, views, self.config.evaluation.no_relevant)
         test = self.data.test
-        cap = self.max_test_queries
+        cap = self.config.evaluation.max_test_queries
         if cap is not None and cap < test.n_queries:
             test = _capped(test, cap)
         self.judged_queries = count_judged(test)
@@ -348,7 +298,7 @@ class RunContext:
             held_out_scores(ranker, test.features),
             test,
             metrics,
-            no_relevant=self.no_relevant,
+            no_relevant=self.config.evaluation.no_relevant,
             p_click=self.click_model().p_click if wants_clicks else None,
         )
 
@@ -417,12 +367,17 @@ class Partition:
 
 @dataclass(frozen=True)
 class PartitionEntry:
-    """How ``[federation.partition]`` is checked (``fields``) and turned into client data
-    (``build(ctx, n_clients, rng) -> Partition``); a module provides one (``PROVIDES``)."""
+    """How ``[federation.partition]`` is checked (``params``, a ``@parameters`` class: the
+    run reads it as ``config.partition``) and turned into client data (``build(ctx, n_clients,
+    rng) -> Partition``); a module provides one (``PROVIDES``)."""
 
     help: str
-    fields: dict[str, Any]
+    params: type
     build: Callable[[RunContext, int, np.random.Generator], Partition]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return self.params.FIELDS
 
     def install(self, registry: Registry) -> None:
         """Make this the partitioner ``[federation.partition]`` tables use (one per process;

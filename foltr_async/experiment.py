@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from foltr_async.config import recorded_data_seed
 from foltr_async.errors import FoltrError, ScenarioError
 from foltr_async.executors import Executor, Parallel, Remote, Serial
 from foltr_async.ltr import threads
@@ -39,7 +40,7 @@ from foltr_async.observe.results import ResultsWriter, final_value, load_results
 from foltr_async.observe.stats import holm, paired_test
 from foltr_async.provenance import check_same_code, code_stamp
 from foltr_async.runtime.checkpoint import CheckpointError, read_checkpoint, write_atomic
-from foltr_async.scenario.load import Scenario, data_seed, repeat_config
+from foltr_async.scenario.load import Scenario, repeat_config
 from foltr_async.simulation import RunCheckpoint
 
 METRIC = "ndcg@10"
@@ -50,7 +51,7 @@ _FORMAT = 3  # 3: plain data with a checksum (runtime.checkpoint), no pickle
 def fingerprint(scenario: Scenario) -> str:
     """What a checkpoint must match to be resumed: every resolved variant, repeats and seed."""
     text = json.dumps(
-        [scenario.seed, scenario.repeats, scenario.variants], sort_keys=True, default=str
+        [scenario.seed, scenario.repeats, scenario.settings()], sort_keys=True, default=str
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -131,7 +132,7 @@ def _settings(cfg: dict) -> str:
     without ``dataset.seed``)."""
     key = {k: v for k, v in cfg.items() if k != "scenario"}
     data = {k: v for k, v in cfg["dataset"].items() if k != "folds"}
-    return json.dumps({**key, "dataset": {**data, "seed": data_seed(cfg)}}, sort_keys=True)
+    return json.dumps({**key, "dataset": {**data, "seed": recorded_data_seed(cfg)}}, sort_keys=True)
 
 
 def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int], dict]:
@@ -154,7 +155,7 @@ def reused_repeats(scenario: Scenario, runs: list[Path]) -> dict[tuple[str, int]
                 if isinstance(rep.get("seed"), int):
                     found.setdefault((key, rep["seed"], rep.get("fold")), (rep, where))
     reused = {}
-    for name, cfg in scenario.variants.items():
+    for name, cfg in scenario.settings().items():
         key = _settings(cfg)
         for r in range(scenario.repeats):
             fold = scenario.folds[r % len(scenario.folds)] if scenario.folds else None
@@ -491,7 +492,7 @@ def _run_scenario(
         out_dir,
         scenario=scenario.name,
         seed=scenario.seed,
-        config=scenario.variants,
+        config=scenario.settings(),
         reference=scenario.reference,
         metric=METRIC,
         conclusions=conclusions,
@@ -506,7 +507,7 @@ def _run_scenario(
             "seed": scenario.seed,
             "variants": list(scenario.variants),
             "repeats": scenario.repeats,
-            "rounds": {n: c["federation"]["rounds"] for n, c in scenario.variants.items()},
+            "rounds": {n: c.federation.rounds for n, c in scenario.variants.items()},
             "reference": scenario.reference,
             "metric": METRIC,
         }

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from foltr_async.config import recorded_data_seed
 from foltr_async.errors import FoltrError
 from foltr_async.experiment import conclusions
 from foltr_async.names import VARIANT_RULE, bad_variant_name
 from foltr_async.observe.results import OWN_KEYS, ResultsWriter, final_value, load_results
-from foltr_async.scenario.load import data_seed
 
 #: how far the same repeat's final metric may differ between two parts (float noise only)
 AGREE = 1e-9
@@ -154,7 +154,7 @@ def _check_same_data(runs: list[tuple[str, dict]]) -> None:
         for name, cfg in (res.get("config") or {}).items():
             if not (isinstance(cfg, dict) and isinstance(cfg.get("dataset"), dict)):
                 raise FoltrError(f"{label}: variant {name} has no dataset settings recorded")
-            if data_seed(cfg) is not None and cfg["dataset"].get("seed") is None:
+            if recorded_data_seed(cfg) is not None and cfg["dataset"].get("seed") is None:
                 raise FoltrError(
                     f"{label}: variant {name} draws its data from the scenario seed "
                     f"({res['seed']}; the parts have seeds {sorted(seeds)}), so parts of other "

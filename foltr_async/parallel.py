@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from foltr_async.config import RunConfig
 from foltr_async.errors import FoltrError
 
 log = structlog.get_logger()
@@ -28,17 +29,17 @@ log = structlog.get_logger()
 EXECUTORS = ("local", "ray")
 
 #: (repeat, seed, variant, config) of one run.
-Job = tuple[int, int, str, dict]
+Job = tuple[int, int, str, RunConfig]
 
 
-def job_cost(cfg: dict) -> float:
+def job_cost(cfg: RunConfig) -> float:
     """A job's expected CPU time, in arbitrary units, for ordering only: interactions per round
     plus a fixed per-round cost (small federations' messaging and evaluation), times rounds;
     a neural ranker costs as much more as it has hidden units (FPDGD-MLP64 measured ~7x linear)."""
-    fed, ranker = cfg["federation"], cfg.get("ranker") or {}
-    per_round = fed.get("clients", 1) * fed.get("queries_per_client", 1) + 100
-    width = 1 + sum(ranker.get("hidden") or ()) / 10 if ranker.get("kind") == "mlp" else 1
-    return fed.get("rounds", 1) * per_round * width
+    fed, ranker = cfg.federation, cfg.ranker
+    per_round = fed.clients * fed.queries_per_client + 100
+    width = 1 + sum(ranker.hidden) / 10 if ranker.kind == "mlp" else 1
+    return fed.rounds * per_round * width
 
 
 def longest_first(todo: list[Job]) -> list[Job]:

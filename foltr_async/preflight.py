@@ -42,15 +42,15 @@ def check_inputs(scenario: Scenario) -> None:
     seen: set[tuple[str, str]] = set()
     for name, cfg in scenario.variants.items():
         for rep in range(max(1, len(scenario.folds))):
-            d = repeat_config(scenario, cfg, rep)["dataset"]
-            if d["path"] is None or (d["format"], d["path"]) in seen:
+            d = repeat_config(scenario, cfg, rep).dataset
+            if d.path is None or (d.format, d.path) in seen:
                 continue
-            seen.add((d["format"], d["path"]))
+            seen.add((d.format, d.path))
             with located(scenario, name):
                 try:
-                    _data_files(d["format"], Path(d["path"]))
+                    _data_files(d.format, Path(d.path))
                 except DatasetError as e:
-                    raise DatasetError(f"dataset.path: {e}{relative_note(d['path'])}") from None
+                    raise DatasetError(f"dataset.path: {e}{relative_note(d.path)}") from None
 
 
 def _data_files(fmt: str, path: Path) -> None:

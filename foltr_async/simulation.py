@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import structlog
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import (
     ClientData,
     Datasets,
@@ -39,10 +40,8 @@ from foltr_async.runtime.bus import Bus, MemoryBus
 from foltr_async.runtime.checkpoint import Checkpointed, CheckpointError
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
-from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.secure import SecureRun
 from foltr_async.runtime.secure import build as build_secure
-from foltr_async.scenario.load import data_seed
 from foltr_async.timeline import Timeline, agent_groups
 
 if TYPE_CHECKING:
@@ -98,15 +97,12 @@ def _load(
     return Datasets(train, test, grade_scale(max(train.max_grade, test.max_grade)))
 
 
-def load_datasets(cfg: dict) -> Datasets:
-    d = cfg["dataset"]
+def load_datasets(cfg: RunConfig) -> Datasets:
+    d = cfg.dataset
     aol = None
-    if d["format"] == "aol4foltr":  # one user per client, attackers included
-        users = cfg["federation"]["clients"] + sum(
-            g["count"] for g in cfg["agents"] if g["role"] == "attacker"
-        )
-        aol = (users, d["min_queries"], d["select"], d["test_fraction"])
-    return _load(d["profile"], d["path"], d["n_queries"], d["normalise"], data_seed(cfg), aol)
+    if d.replayed:  # one user per client, attackers included
+        aol = (cfg.n_clients, d.min_queries, d.select, d.test_fraction)
+    return _load(d.profile, d.path, d.n_queries, d.normalise, cfg.data_seed, aol)
 
 
 def flgo_clients(ctx: RunContext, queries: list[np.ndarray]) -> list[FlgoClient]:
@@ -199,7 +195,7 @@ class Simulation:
 
     def __init__(
         self,
-        cfg: dict,
+        cfg: RunConfig,
         seed: int,
         observer: Observer,
         variant: str = "default",
@@ -215,7 +211,7 @@ class Simulation:
         self.observer = observer
         self.variant = variant
         self.repeat = repeat
-        self.bus = bus or MemoryBus(NetworkModel.from_dict(cfg["network"]), stream(seed, "net"))
+        self.bus = bus or MemoryBus(cfg.new_network(), stream(seed, "net"))
         self.hosts = hosts
         self.remote = remote
         self.checkpoint = checkpoint
@@ -232,89 +228,78 @@ class Simulation:
         return self.proto
 
     def _build(self):
-        cfg, fed = self.cfg, self.cfg["federation"]
+        cfg, fed = self.cfg, self.cfg.federation
         try:
             data = load_datasets(cfg)
         except DatasetError as e:  # name the scenario key behind it
-            path = cfg["dataset"]["path"]
+            path = cfg.dataset.path
             key = "dataset.path" if path else "dataset.n_queries"
             raise DatasetError(f"{key}: {e}{relative_note(path) if path else ''}") from None
-        entry = REGISTRY.protocols[fed["protocol"]]
-        n_mal = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+        entry = REGISTRY.protocols[fed.protocol]
         self.probe = Probe()
-        ctx = RunContext(
-            cfg,
-            self.seed,
-            data,
-            self.bus,
-            self.probe,
-            REGISTRY.aggregators[fed["aggregator"]],
-            n_mal,
-            self.emit,
-        )
+        ctx = RunContext(cfg, self.seed, data, self.bus, self.probe, self.emit)
         self.ctx = ctx
         proto = entry.build(ctx)
         # federation.secure_aggregation (build refuses a robust aggregator with it)
         self.secure: SecureRun | None = build_secure(ctx, REGISTRY)
         ctx.secure = self.secure  # clients and attackers are built with their halves
-        n_clients = fed["clients"] + n_mal
+        n_clients = cfg.n_clients
         ctx.clock0 = getattr(self, "_sim0", 0.0)
         if data.logs is not None:  # a logged federation: each client replays one user
             if not proto.replays:
                 raise ScenarioError(
-                    f"dataset.format: protocol {fed['protocol']!r} does not replay logged "
+                    f"dataset.format: protocol {fed.protocol!r} does not replay logged "
                     "queries; expected 'letor' (the replaying protocols: fpdgd, fpdgd_async)"
                 )
-            if fed.get("partition"):
+            if fed.partition:
                 raise ScenarioError(
                     "federation.partition: expected no table with dataset.format = "
                     "'aol4foltr' (the log is the partition)"
                 )
-            if cfg["network"].get("flgo"):
+            if cfg.network.flgo is not None:
                 raise ScenarioError(
                     "network.flgo: expected no FLGo system model with dataset.format = "
                     "'aol4foltr' (the log decides when and how much each client trains)"
                 )
-            ctx.partition = replay_partition(data.logs, cfg["dataset"]["time_scale"], self.probe)
+            ctx.partition = replay_partition(data.logs, cfg.dataset.time_scale, self.probe)
             ctx.partition.by_agent = {client_id(i): c for i, c in enumerate(ctx.partition.clients)}
             queries = [c.queries for c in ctx.partition.clients]
-        elif fed.get("partition"):  # non-IID: the partitioner gives each client its own data
+        elif fed.partition:  # non-IID: the partitioner gives each client its own data
             if not proto.partitions:
                 raise ScenarioError(
-                    f"federation.partition: protocol {fed['protocol']!r} does "
-                    "not read per-client data"
+                    f"federation.partition: protocol {fed.protocol!r} does not read per-client data"
                 )
             part = REGISTRY.partitioner.build(ctx, n_clients, ctx.rng("data"))
             part.by_agent = {client_id(i): c for i, c in enumerate(part.clients)}
             ctx.partition = part
             queries = [c.queries for c in part.clients]
         else:
-            queries = assign_queries(data.train.n_queries, n_clients, fed["data"], ctx.rng("data"))
-        flgo = NetworkModel.from_dict(cfg["network"]).flgo
+            queries = assign_queries(data.train.n_queries, n_clients, fed.data, ctx.rng("data"))
+        flgo = cfg.network.flgo
         if flgo is not None and flgo.completeness != "IDL" and not proto.completes:
             raise ScenarioError(
-                f"network.flgo.completeness: expected 'IDL' for protocol {fed['protocol']!r}, "
+                f"network.flgo.completeness: expected 'IDL' for protocol {fed.protocol!r}, "
                 f"whose clients' local work is not cut short, got {flgo.completeness!r}"
             )
         if flgo is not None:
             ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
         # the agents' ids as they will be built: the timeline names them before they exist
-        n_eves = sum(g["count"] for g in cfg["agents"] if g["role"] != "attacker")
-        self.timeline = Timeline(cfg["timeline"], agent_groups(fed["clients"], n_mal, n_eves))
+        groups = agent_groups(fed.clients, cfg.n_attackers, cfg.n_eavesdroppers)
+        self.timeline = Timeline(cfg.timeline, groups)
         proto.before_agents({client_id(i): q for i, q in enumerate(queries)}, self.timeline.actions)
-        for i in range(fed["clients"]):
+        for i in range(fed.clients):
             aid = client_id(i)
             self._place(
                 aid,
                 "clients",
                 lambda aid=aid, q=queries[i]: proto.client(aid, q, ctx.rng("client", aid)),
             )
-        i = fed["clients"]
+        i = fed.clients
         n_eve = 0
-        for group in cfg["agents"]:
-            behaviour = REGISTRY.behaviours[group["behaviour"]]
-            for _ in range(group["count"]):
-                if group["role"] == "attacker":
+        for group in cfg.agents:
+            behaviour = REGISTRY.behaviours[group.behaviour]
+            for _ in range(group.count):
+                if group.role == "attacker":
                     aid, q = client_id(i), queries[i]
                     i += 1
                     kind = "attackers"
@@ -350,7 +335,7 @@ class Simulation:
 
     async def _act(self, i: int) -> None:
         """Timeline item ``i`` on each of its agents, wherever it lives."""
-        action = self.timeline.items[i]["action"]
+        action = self.timeline.items[i].action
         for aid in self.timeline.agents[i]:
             agent = self.agents[aid]
             if agent.remote:
@@ -406,10 +391,10 @@ class Simulation:
     def _data_event(self) -> None:
         """Log what the run reads, and which click tables its users follow (3 or 5 grades,
         chosen from the data's grades): events.jsonl then says so for every repeat."""
-        d, data = self.cfg["dataset"], self.ctx.data
+        d, data = self.cfg.dataset, self.ctx.data
         self.emit(
             "dataset",
-            source=d["path"] or d["profile"],
+            source=d.path or d.profile,
             train_queries=data.train.n_queries,
             test_queries=data.test.n_queries,
             features=data.train.n_features,
@@ -425,30 +410,28 @@ class Simulation:
         self._sim0 = loop.time() if saved is None else saved["sim0"] + loop.time() - saved["now"]
 
     def _plan(self) -> None:
-        """The round plan, the timeline by round and who joins later, empty records."""
-        fed, ev = self.cfg["federation"], self.cfg["evaluation"]
+        """The round plan and empty records."""
+        fed = self.cfg.federation
         self.plan = RoundPlan(
-            rounds=fed["rounds"],
-            participation=fed["participation"],
-            min_clients=fed["min_clients"],
-            deadline=fed["deadline"],
-            round_gap=fed["round_gap"],
-            eval_every=ev["every"],
+            rounds=fed.rounds,
+            participation=fed.participation,
+            min_clients=fed.min_clients,
+            deadline=fed.deadline,
+            round_gap=fed.round_gap,
+            eval_every=self.cfg.evaluation.every,
         )
-        self._joins_later = self.timeline.joins_later
-        self._by_round = self.timeline.by_round()
         self.records = Records()
         self._live_table = len(self.agents) <= 200  # per-agent updates where a table shows them
 
     def _make_server(self) -> None:
         """The server agent for the protocol's strategy (asynchronous ones get theirs)."""
-        fed = self.cfg["federation"]
         every = self.checkpoint.every if self.checkpoint is not None else 0
         asynchronous = isinstance(self.proto.strategy, AsyncStrategy)
         if asynchronous and self.checkpoint is not None:
             raise ScenarioError(
-                f"federation.protocol: {fed['protocol']!r} is asynchronous: expected no "
-                "checkpoints (--checkpoint-every / --resume), its updates are always in flight"
+                f"federation.protocol: {self.cfg.federation.protocol!r} is asynchronous: "
+                "expected no checkpoints (--checkpoint-every / --resume), its updates are "
+                "always in flight"
             )
         self.server = (AsyncServerAgent if asynchronous else ServerAgent)(
             self.bus,
@@ -489,7 +472,7 @@ class Simulation:
                     agent.start()
                 elif was != "new":
                     agent.state = was
-            elif aid not in self._joins_later:
+            elif aid not in self.timeline.joins_later:
                 agent.start()
             self.observer.agent_changed(aid, agent.role, agent.state, agent.rounds_joined, None)
 
@@ -499,10 +482,10 @@ class Simulation:
         done = 0 if saved is None else saved["round"]
         if self.remote is not None:
             await self.remote.begin_run(
-                self, self._joins_later, None if saved is None else self._saved_agents
+                self, self.timeline.joins_later, None if saved is None else self._saved_agents
             )
-        for i in self.timeline.timed():
-            at = self.timeline.items[i]["time"]
+        for i in self.timeline.timed:
+            at = self.timeline.items[i].time
             if saved is None or at > saved["now"] - saved["sim0"]:
                 self._loop.call_at(self._sim0 + at, lambda i=i: asyncio.ensure_future(self._act(i)))
         if saved is not None and plan.round_gap:
@@ -564,7 +547,7 @@ class Simulation:
 
     async def _before_round(self, r: int) -> None:
         """The timeline's actions for round ``r``."""
-        for i in self._by_round.get(r, []):
+        for i in self.timeline.by_round.get(r, []):
             await self._act(i)
 
     def _after_round(self, report: RoundReport) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from foltr_async.config import TimelineItem
 from foltr_async.errors import ScenarioError
 from foltr_async.runtime.agent import client_id
 
@@ -24,18 +25,35 @@ def agent_groups(n_clients: int, n_attackers: int, n_eavesdroppers: int) -> dict
 
 @dataclass
 class Timeline:
-    """``items``: the scenario's checked ``[[timeline]]`` entries; ``groups``: ``agent_groups``."""
+    """``items``: the scenario's ``[[timeline]]`` entries; ``groups``: ``agent_groups``. What
+    the run reads of them is resolved once, here."""
 
-    items: list[dict]
+    items: tuple[TimelineItem, ...]
     groups: dict[str, list[str]]
     #: each item's agent ids, in the items' order
     agents: list[list[str]] = field(init=False)
+    #: (action, agent ids) of every item (``ProtocolRun.before_agents`` reads them)
+    actions: list[tuple[str, list[str]]] = field(init=False)
+    #: the agents a ``join`` item starts (the others start with the run)
+    joins_later: set[str] = field(init=False)
+    #: item indices by the round before which they act (items timed by round)
+    by_round: dict[int, list[int]] = field(init=False)
+    #: indices of the items timed in simulated seconds
+    timed: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.agents = [
-            self.resolve(item["agents"], f"timeline[{i}].agents")
-            for i, item in enumerate(self.items)
+            self.resolve(item.agents, f"timeline[{i}].agents") for i, item in enumerate(self.items)
         ]
+        self.actions = [
+            (item.action, ids) for item, ids in zip(self.items, self.agents, strict=True)
+        ]
+        self.joins_later = {a for action, ids in self.actions if action == "join" for a in ids}
+        self.by_round = {}
+        for i, item in enumerate(self.items):
+            if item.round is not None:
+                self.by_round.setdefault(item.round, []).append(i)
+        self.timed = [i for i, item in enumerate(self.items) if item.time is not None]
 
     def resolve(self, names: list[str], path: str) -> list[str]:
         """Agent ids of group names and ids (every agent of the run, wherever it is built)."""
@@ -54,28 +72,3 @@ class Timeline:
                     f"{', '.join(self.groups)} or ids like client-0003"
                 )
         return out
-
-    @property
-    def actions(self) -> list[tuple[str, list[str]]]:
-        """(action, agent ids) of every item (``ProtocolRun.before_agents`` reads them)."""
-        return [(item["action"], ids) for item, ids in zip(self.items, self.agents, strict=True)]
-
-    @property
-    def joins_later(self) -> set[str]:
-        """The agents a ``join`` item starts (the others start with the run)."""
-        return {
-            a for item, ids in zip(self.items, self.agents, strict=True)
-            if item["action"] == "join" for a in ids
-        }  # fmt: skip
-
-    def by_round(self) -> dict[int, list[int]]:
-        """Item indices by the round before which they act (items timed by round)."""
-        out: dict[int, list[int]] = {}
-        for i, item in enumerate(self.items):
-            if item["round"] is not None:
-                out.setdefault(item["round"], []).append(i)
-        return out
-
-    def timed(self) -> list[int]:
-        """Indices of the items timed in simulated seconds."""
-        return [i for i, item in enumerate(self.items) if item["time"] is not None]

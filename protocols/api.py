@@ -23,8 +23,11 @@ nothing; ``foltr_async.plugins.load_plugins`` installs each entry where it belon
   here uses: vectors of the model's length, finite and bounded, counts at most the client's.
 - ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
   hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
-  named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``). ``Probe``:
-  the simulator's measurements beside the messages (what users were shown, oracle truths).
+  named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``) and
+  ``ctx.config``, the variant's typed ``RunConfig`` (``config.federation.rounds``,
+  ``config.n_clients``, ``config.agents``: each ``AgentGroup`` with its typed ``params``).
+  ``Probe``: the simulator's measurements beside the messages (what users were shown, oracle
+  truths).
   ``ClientData``, ``Partition`` and ``PartitionEntry`` (provided like the rest): per-client
   data under ``[federation.partition]`` (``assign_queries``: the default query split;
   ``evaluate_views``: nDCG@10 per label view). All of these live in ``foltr_async.contract``,
@@ -38,11 +41,20 @@ nothing; ``foltr_async.plugins.load_plugins`` installs each entry where it belon
   overrides; ``serve(q)`` -> ``Served``) and
   ``ModelStrategy`` (broadcast the global weights, aggregate the replies' weights with the
   scenario's aggregator, evaluate) are the halves most protocols start from; ``OnlineRun``
-  puts one of each together.
+  puts one of each together. The round a client's users show rankings in is the round of the
+  message its agent handles: the runtime sets it (``Agent.round``), no handler has to.
+- ``PDGDLearner``: the PDGD interaction loop a client trains with; a new local step is its
+  keywords (``mu=``: FedProx's proximal term, ``clip=``: (bound, norm order) after every
+  step), which keep it on the compiled batched path.
+- ``FPDGDClient``: FPDGD's honest client, the class an attack on FPDGD derives from (override
+  ``make_update``).
+- ``model_message_bytes``: ``ProtocolEntry.wire_bytes`` for a protocol whose messages carry
+  the model (the ZeroMQ hub's bound on one message).
 - ``ProtocolEntry``, ``BehaviourEntry``: the name a scenario uses for a protocol or an agent
   behaviour (an attacker, an eavesdropper), and what it is built from.
 """
 
+from foltr_async.config import AgentGroup, RunConfig
 from foltr_async.contract import (
     ClientData,
     Partition,
@@ -52,8 +64,11 @@ from foltr_async.contract import (
     RunContext,
     assign_queries,
     evaluate_views,
+    model_message_bytes,
 )
 from foltr_async.params import param, parameters
+from foltr_async.protocols.fpdgd import FPDGDClient
+from foltr_async.protocols.learner import PDGDLearner
 from foltr_async.protocols.online import ModelStrategy, OnlineClient, OnlineRun, Served
 from foltr_async.protocols.users import K, Users
 from foltr_async.registry import BehaviourEntry, ProtocolEntry
@@ -64,6 +79,11 @@ from foltr_async.runtime.schema import Array, Float, Int, Kind, Str
 from foltr_async.runtime.secure import Summable
 
 __all__ = [
+    "AgentGroup",
+    "FPDGDClient",
+    "PDGDLearner",
+    "RunConfig",
+    "model_message_bytes",
     "K",
     "ModelStrategy",
     "OnlineClient",

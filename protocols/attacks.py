@@ -249,8 +249,8 @@ class ColludingClient(AttackerClient, ABC):
         self.knowledge = knowledge
         self.wait = wait
         self.probe = ctx.probe
-        self.n = ctx.n_clients  # federation size the attack is planned for
-        self.m_defender = ctx.n_malicious  # the m the robust aggregator assumes
+        self.n = ctx.config.n_clients  # federation size the attack is planned for
+        self.m_defender = ctx.config.n_attackers  # the m the robust aggregator assumes
         self._shares: dict[int, dict[str, np.ndarray]] = {}
         self._benign: dict[int, dict[str, np.ndarray]] = {}  # full knowledge: tapped updates
         self._selected: dict[int, set[str]] = {}  # full knowledge: tapped broadcast targets
@@ -398,19 +398,19 @@ class FangClient(ColludingClient):
 def coalition_of(ctx, group: dict) -> list[str]:
     """The ids of one attacker group (the simulation numbers attackers after the honest clients,
     group by group, in scenario order)."""
-    i = ctx.honest_clients
-    for g in ctx.agent_groups:
-        if g["role"] != "attacker":
+    i = ctx.config.federation.clients
+    for g in ctx.config.agents:
+        if g.role != "attacker":
             continue
         if g is group:
-            return [client_id(j) for j in range(i, i + g["count"])]
-        i += g["count"]
+            return [client_id(j) for j in range(i, i + g.count)]
+        i += g.count
     raise ValueError("attacker group not found in the scenario's agents")
 
 
 def _build_colluder(cls, ctx, group, aid, queries, rng, **extra):
     coalition = coalition_of(ctx, group)
-    p = CollusionParams.of(group)
+    p = group.params
     try:
         return cls(
             aid,
@@ -424,7 +424,7 @@ def _build_colluder(cls, ctx, group, aid, queries, rng, **extra):
             **extra,
         )
     except ValueError as e:
-        raise ScenarioError(f"agents: behaviour {group['behaviour']!r}: {e}") from None
+        raise ScenarioError(f"agents: behaviour {group.behaviour!r}: {e}") from None
 
 
 @parameters
@@ -464,12 +464,12 @@ class FangParams(CollusionParams):
 
 
 def _build_reversal(ctx, proto, group, aid, queries, rng):
-    p = ReversalParams.of(group)
+    p = group.params
     return ScaledReversalClient(aid, ctx, queries, rng, attacking=p.attacking, z=p.z)
 
 
 def _build_fang(ctx, proto, group, aid, queries, rng):
-    p = FangParams.of(group)
+    p = group.params
     return _build_colluder(FangClient, ctx, group, aid, queries, rng, target=p.target, b=p.b)
 
 
@@ -483,7 +483,7 @@ PROVIDES = (
         (NAME,),
         AttackParams,
         lambda ctx, proto, g, aid, q, rng: DataPoisonClient(
-            aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
+            aid, ctx, q, rng, attacking=g.params.attacking
         ),
     ),
     BehaviourEntry(
@@ -501,7 +501,7 @@ PROVIDES = (
         (NAME,),
         AttackParams,
         lambda ctx, proto, g, aid, q, rng: GradientReversalClient(
-            aid, ctx, q, rng, attacking=AttackParams.of(g).attacking
+            aid, ctx, q, rng, attacking=g.params.attacking
         ),
     ),
     BehaviourEntry(

@@ -80,13 +80,13 @@ RUN_CLAIM = {
 def canary_ids(ctx) -> list[str]:
     """The ids of the run's canaries: attackers are numbered after the honest clients in the
     order of their ``[[agents]]`` groups (as the simulation places them)."""
-    out, i = [], ctx.honest_clients
-    for g in ctx.agent_groups:
-        if g["role"] != "attacker":
+    out, i = [], ctx.config.federation.clients
+    for g in ctx.config.agents:
+        if g.role != "attacker":
             continue
-        if g["behaviour"] == CANARY:
-            out += [client_id(i + k) for k in range(g["count"])]
-        i += g["count"]
+        if g.behaviour == CANARY:
+            out += [client_id(i + k) for k in range(g.count)]
+        i += g.count
     return out
 
 
@@ -238,7 +238,7 @@ class FPDGDAuditor(Auditor):
                 f"federation.aggregator: the FPDGD audit expected 'fedavg' (the aggregate the "
                 f"noise is sized for), got {ctx.aggregator.name!r}"
             )
-        if ctx.cfg["network"].get("loss"):
+        if ctx.config.network.loss:
             raise ScenarioError(
                 "network.loss: the FPDGD audit expected 0 (the aggregate view assumes every "
                 "client that trained in a round was aggregated)"
@@ -246,15 +246,21 @@ class FPDGDAuditor(Auditor):
         if view == "aggregate":
             self.taps = {fpdgd.MODEL: "dst"}
         else:  # the canaries' uploads: masked under secure aggregation
-            self.taps = {MASKED if ctx.secure_aggregation else fpdgd.UPDATE: "src"}
-            self.precision = Settings.of(ctx.secagg).precision_bits
+            self.taps = {
+                MASKED if ctx.config.federation.secure_aggregation else fpdgd.UPDATE: "src"
+            }
+            self.precision = Settings.of(ctx.config.federation.secagg).precision_bits
         self.scale = p.sensitivity / p.epsilon  # the claimed Laplace scale per coordinate
         d = ctx.new_ranker().get_params().size
         self.vectors = {
             c: worst_case(d, p.clip_bound, p.clip_order, i) for i, c in enumerate(self.canaries)
         }
         norm = "L1" if p.clip_order == 1 else "L2"
-        secure = "secure aggregation" if ctx.secure_aggregation else "no secure aggregation"
+        secure = (
+            "secure aggregation"
+            if ctx.config.federation.secure_aggregation
+            else "no secure aggregation"
+        )
         self.mechanism = f"FPDGD Gamma-difference noise, {norm} clipping, {secure}"
         self.threat = (
             "reads the published model, knows every other client's noiseless weights"
@@ -269,7 +275,7 @@ class FPDGDAuditor(Auditor):
                 "path": ["privacy", "rounds", "epsilon"],
                 "index": ["privacy", "rounds", "round"],
             }
-        return {"value": 0.0 if self.ctx.secure_aggregation else None}
+        return {"value": 0.0 if self.ctx.config.federation.secure_aggregation else None}
 
     def observe(self, header, data: bytes) -> None:
         r = header.round
@@ -422,24 +428,24 @@ class AuditorParams:
 
 def _bits(ctx) -> str:
     """The canaries' bit mode (one for the run's canaries: the auditor pools their trials)."""
-    modes = {CanaryParams.of(g).bits for g in ctx.agent_groups if g["behaviour"] == CANARY}
+    modes = {g.params.bits for g in ctx.config.agents if g.behaviour == CANARY}
     if len(modes) > 1:
         raise ScenarioError("agents: canary bits: expected one mode for every canary group")
     return modes.pop() if modes else "round"
 
 
 def _build_canary(ctx, proto, group, aid, queries, rng):
-    cls = FPDGDCanary if ctx.protocol == fpdgd.NAME else ESCanary
+    cls = FPDGDCanary if ctx.config.federation.protocol == fpdgd.NAME else ESCanary
     index = canary_ids(ctx).index(aid)
-    return cls(aid, ctx, queries, rng, bits=CanaryParams.of(group).bits, index=index)
+    return cls(aid, ctx, queries, rng, bits=group.params.bits, index=index)
 
 
 AUDITORS = {fpdgd.NAME: FPDGDAuditor, foltr_es.NAME: ESAuditor, csfltr.NAME: SketchAuditor}
 
 
 def _build_auditor(ctx, proto, group, aid, queries, rng):
-    cls = AUDITORS[ctx.protocol]
-    p = AuditorParams.of(group)
+    cls = AUDITORS[ctx.config.federation.protocol]
+    p = group.params
     return cls(aid, ctx, p.view, _bits(ctx), p.confidence)
 
 

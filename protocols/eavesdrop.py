@@ -186,7 +186,7 @@ class TapEavesdropper(Agent, ABC):
         """What a client-link eavesdropper's summary starts with: the run's protocol and the
         clients whose links it tapped."""
         return {
-            "protocol": self.ctx.protocol,
+            "protocol": self.ctx.config.federation.protocol,
             "targets": self.targets or "all",
         }
 
@@ -199,14 +199,14 @@ class FPDGDEavesdropper(TapEavesdropper):
 
     @classmethod
     def for_group(cls, ctx, agent_id, targets, group, rng):
-        return cls(agent_id, ctx, targets, rng, Params.of(group).candidates)
+        return cls(agent_id, ctx, targets, rng, group.params.candidates)
 
     def __init__(self, agent_id, ctx, targets, rng: np.random.Generator, candidates: int) -> None:
         super().__init__(agent_id, ctx, targets)
         self.rng = rng
         self.candidates = candidates
         self.train = ctx.data.train
-        linear = ctx.ranker_kind == "linear"
+        linear = ctx.config.ranker.kind == "linear"
         self.directions = query_directions(self.train) if linear else None
         if candidates > self.train.n_queries:
             raise ScenarioError(
@@ -344,7 +344,7 @@ class ESEavesdropper(TapEavesdropper):
 
 def _targets(ctx, group: dict) -> list[str] | None:
     """The scenario's ``targets``: "all" (None) or a list of existing client ids."""
-    value = Params.of(group).targets
+    value = group.params.targets
     if value == "all":
         return None
     if isinstance(value, str) or not value or not all(isinstance(t, str) for t in value):
@@ -352,7 +352,7 @@ def _targets(ctx, group: dict) -> list[str] | None:
             f'agents: eavesdropper targets: expected "all" or a non-empty list '
             f"of client ids, got {value!r}"
         )
-    n = ctx.n_clients
+    n = ctx.config.n_clients
     known = {client_id(i) for i in range(n)}
     unknown = [t for t in value if t not in known]
     if unknown:
@@ -371,7 +371,7 @@ class Params:
 
 def _build(ctx, proto, group, aid, queries, rng):
     targets = _targets(ctx, group)
-    cls = REGISTRY.eavesdroppers[ctx.protocol]
+    cls = REGISTRY.eavesdroppers[ctx.config.federation.protocol]
     return cls.for_group(ctx, aid, targets, group, rng)
 
 

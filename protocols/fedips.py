@@ -56,7 +56,6 @@ from __future__ import annotations
 import numpy as np
 
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
-from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import click_model as make_click_model
 from foltr_async.ltr.metrics import dcg_at_k, ideal_dcg
 from foltr_async.ltr.queryset import QuerySet
@@ -379,7 +378,6 @@ class FedIPSClient(Agent):
         self.exam = examination(self.gamma_user, run.k)  # its users' true propensities
         self.exam.setflags(write=False)
         self.batch = run.ctx.batch_of(agent_id)
-        self.round = 0
 
     def interact(self) -> tuple[np.ndarray, np.ndarray]:
         """The round's queries and the users' clicks on f0's top k: one draw per shown slot,
@@ -445,7 +443,6 @@ class FedIPSClient(Agent):
     @handles(MODEL)
     async def on_model(self, env) -> None:
         run = self.proto
-        self.round = env.round
         start, estimate = env.body["params"], env.body["propensity"]
         qs, clicks = self.interact()
         prop = self.propensities(estimate)
@@ -516,7 +513,9 @@ class FedIPSStrategy(Strategy):
 
     def aggregate(self, round: int, replies: list) -> dict:
         deltas = np.stack([r.body["delta"] for r in replies])
-        mean = self.ctx.aggregator.fn(deltas, np.ones(len(replies)), self.ctx.assumed_malicious)
+        mean = self.ctx.aggregator.fn(
+            deltas, np.ones(len(replies)), self.ctx.config.assumed_malicious
+        )
         self.model = self.model + self.proto.lr_global * mean
         facts = {"clients": len(replies)}
         if self.em:
@@ -538,11 +537,6 @@ class FedIPSStrategy(Strategy):
 class FedIPS(ProtocolRun):
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if ctx.secure_aggregation:
-            raise ScenarioError(
-                "federation.secure_aggregation: fedips sends updates and EM "
-                "statistics in plaintext (no secure-aggregation support)"
-            )
         self.ctx = ctx
         self.estimator, self.propensity = p.estimator, p.propensity
         self.gamma, self.noise, self.k, self.m_clicks = p.gamma, p.noise, p.k, p.clicks

@@ -603,7 +603,7 @@ class FOLtRES(ProtocolRun):
         composition, RDP, PLD: per round taken part in, one per interaction (its B), or with
         ``privatise = "mean"`` one per half (m+ and, with antithetic variates, m-)."""
         p = self.ctx.params
-        n = self.ctx.n_clients
+        n = self.ctx.config.n_clients
 
         def per_round(client: str) -> int:
             b = self.ctx.batch_of(client)
@@ -611,7 +611,7 @@ class FOLtRES(ProtocolRun):
                 return b
             return 2 if p.antithetic and b >= 2 else 1
 
-        every, last = self.ctx.eval_every, self.last_round
+        every, last = self.ctx.config.evaluation.every, self.last_round
         return account(
             randomised_response(p.p, len(LEVELS)),
             self.taken_part,

@@ -213,10 +213,10 @@ class FPDGDClient(OnlineClient):
         self.noise_scale = p.sensitivity / p.epsilon if p.dp else 0.0
         #: how many clients the round's noise is split over: the server says it with the model
         #: (a server that does not gets the federation's size, the paper's choice)
-        self.shares = ctx.n_clients
+        self.shares = ctx.config.n_clients
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
-        unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
+        unlearns = self.unlearns and UNLEARN_ACTION in ctx.config.timeline_actions
         self.store_every = p.store_every if unlearns and p.unlearning == "federaser" else None
         self.calibration_steps = (
             p.calibration_steps if unlearns and p.unlearning == "federaser" else None
@@ -277,7 +277,7 @@ class FPDGDClient(OnlineClient):
             self.interactions = self.ctx.local_work(self.id, self.batch)
         if self.pga and self.sent is not None and self.sent[0] == env.round - 1:
             # the global model without this client's last contribution (FedAvg of n equal ones)
-            self.reference = reference_model(start, self.sent[1], self.ctx.n_clients)
+            self.reference = reference_model(start, self.sent[1], self.ctx.config.n_clients)
         theta = await self.make_update(env.round, start)
         if self.pga:
             self.sent = (env.round, theta)
@@ -444,7 +444,7 @@ class FPDGD(ProtocolRun):
         refuse_unlearning(ctx)
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
-        if ctx.params.unlearning == "fedremove" and UNLEARN_ACTION in ctx.timeline_actions:
+        if ctx.params.unlearning == "fedremove" and UNLEARN_ACTION in ctx.config.timeline_actions:
             self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
@@ -534,9 +534,11 @@ class FPDGD(ProtocolRun):
 
     def _retrain_cost(self, reports: list, n_leavers: int) -> dict:
         ctx = self.ctx
-        remaining = ctx.n_clients - n_leavers
+        remaining = ctx.config.n_clients - n_leavers
         return {
-            "retrain_interactions": len(reports) * remaining * ctx.queries_per_client,
+            "retrain_interactions": len(reports)
+            * remaining
+            * ctx.config.federation.queries_per_client,
             "retrain_messages": 2 * len(reports) * remaining,
         }
 
@@ -617,14 +619,14 @@ class FPDGD(ProtocolRun):
         d = self.strategy.model.size
         eps_mech = p.l1_sensitivity(d) * p.epsilon / p.sensitivity
         played = sorted(self.taken_part)
-        n = ctx.n_clients
+        n = ctx.config.n_clients
         # a round the server announced nothing in: the clients split over everyone (the paper)
         shares = {r: self.strategy.shares.get(r, n) for r in played}
         shape = {r: len(self.taken_part[r]) / shares[r] for r in played}
         mechs = {r: gamma_difference(eps_mech, shape[r]) for r in played}
         pure = [mechs[r].pure_epsilon for r in played]
         clients = [client_id(i) for i in range(n)]
-        every = ctx.eval_every
+        every = ctx.config.evaluation.every
         curve = [r for r in range(1, self.last_round + 1) if r % every == 0 or r == self.last_round]
         nominal = account(laplace(p.epsilon), self.taken_part, clients, [], p.accounting_delta)
         return {
@@ -650,7 +652,7 @@ class FPDGD(ProtocolRun):
             "nominal": {
                 "epsilon_per_round": p.epsilon,
                 "sensitivity": p.sensitivity,
-                "epsilon_basic_composition_all_rounds": p.epsilon * ctx.rounds,
+                "epsilon_basic_composition_all_rounds": p.epsilon * ctx.config.federation.rounds,
                 "run": nominal["run"],
             },
             **account(mechs, self.taken_part, clients, curve, p.accounting_delta),
@@ -659,7 +661,7 @@ class FPDGD(ProtocolRun):
 
 def refuse_unlearning(ctx: RunContext) -> None:
     """One line for an unlearning setting the run could not make true."""
-    p, fed = ctx.params, ctx.cfg["federation"]
+    p, fed = ctx.params, ctx.config.federation
     key = "federation.params.unlearning"
     if p.dp and p.unlearning in RETRAINING:
         raise ScenarioError(
@@ -667,13 +669,13 @@ def refuse_unlearning(ctx: RunContext) -> None:
             "covers the training rounds only); use 'federaser', 'fedremove' or 'original', or "
             "dp = false"
         )
-    if p.unlearning in ("pga", "fedremove") and ctx.secure_aggregation:
+    if p.unlearning in ("pga", "fedremove") and ctx.config.federation.secure_aggregation:
         raise ScenarioError(
             f"{key}: {p.unlearning!r} needs each client's update, which secure aggregation "
             "hides; expected federation.secure_aggregation off"
         )
     if p.unlearning == "pga" and (
-        fed["participation"] < 1.0 or fed["aggregator"] != "fedavg" or ctx.data.logs is not None
+        fed.participation < 1.0 or fed.aggregator != "fedavg" or ctx.data.logs is not None
     ):
         raise ScenarioError(
             f"{key}: 'pga' needs a reference model a leaver can compute (the global model as "
@@ -681,8 +683,8 @@ def refuse_unlearning(ctx: RunContext) -> None:
             "aggregator = 'fedavg' and a LETOR dataset"
         )
     if p.relevance_reset and (
-        UNLEARN_ACTION not in ctx.timeline_actions
-        or fed.get("partition")
+        UNLEARN_ACTION not in ctx.config.timeline_actions
+        or fed.partition
         or ctx.data.logs is not None
     ):
         raise ScenarioError(

@@ -219,7 +219,7 @@ class AsyncFPDGD(ProtocolRun):
                 "federation.params.rho: expected lr * rho < 2 (the proximal step "
                 f"-lr * rho * (y - w) overshoots and diverges), got {step:g}"
             )
-        if ctx.secure_aggregation:
+        if ctx.config.federation.secure_aggregation:
             raise ScenarioError(
                 "federation.secure_aggregation: expected false for asynchronous FPDGD "
                 "(there is no round of updates to mask together)"

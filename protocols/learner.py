@@ -91,7 +91,8 @@ class PDGDLearner:
     shared data (non-IID data sharing) whose queries are mixed in with the client's own;
     ``shows``: its users' rankings are logged in batches (``show``, centralised PDGD's clients);
     ``step_transform`` (set by an attacker): ``f(gradient, rng)`` replaces every step's PDGD
-    gradient, one query at a time.
+    gradient, one query at a time; ``agent``: the client agent whose users these are (their
+    rankings count in the round of the message it handles).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class PDGDLearner:
         rng: np.random.Generator,
         owner: str = "",
         *,
+        agent=None,
         lr: float | None = None,
         click_model=None,
         clip: tuple[float, int] | None = None,
@@ -118,6 +120,7 @@ class PDGDLearner:
             ctx.probe,
             owner,
             own.arrivals if own is not None else None,
+            agent,
         )
         self.rng = rng
         self.lr = lr

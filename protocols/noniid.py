@@ -95,37 +95,35 @@ SHARED = "noniid.shared"
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (Kind(SHARED, {"queries": Array("int64", ndim=1)}),)
 
-PARTITION_FIELDS = {
-    "iid": Field(bool, False, "the IID counterpart: every client draws from the mixture"),
-    "intents": Field(
-        list,
+
+@parameters
+class PartitionParams:
+    """``[federation.partition]``."""
+
+    iid: bool = param(False, "the IID counterpart: every client draws from the mixture")
+    intents: list = param(
         [],
-        "type 1: intents spread over the clients (a dataset with "
-        "intents); [] = the dataset's labels",
-    ),
-    "merge_intents": Field(
-        bool,
+        "type 1: intents spread over the clients (a dataset with intents); [] = the dataset's "
+        "labels",
+    )
+    merge_intents: bool = param(
         False,
         "type 1's published IID baseline: one label view of the listed intents, a "
         "document's grade the highest any of them gives it (relevant if relevant for any)",
-    ),
-    "grades": Field(
-        int, 0, "type 2: relevance grades (#R) of each client's documents; 0 = all", min=0
-    ),
-    "click_models": Field(list, [], "type 3: cascade click models spread over the clients"),
-    "pbm_eta": Field(
-        list,
-        [],
-        "type 3: PBM examination exponents spread over the clients",
-        items=Field(float, min=0.0),
-    ),
-    "queries_per_round": Field(
-        list, [], "type 4: queries per round spread over the clients", items=Field(int, min=1)
-    ),
-    "assign": Field(
-        str, "cycle", "values to clients in turn (cycle) or at random", choices=("cycle", "random")
-    ),
-}
+    )
+    grades: int = param(
+        0, "type 2: relevance grades (#R) of each client's documents; 0 = all", min=0
+    )
+    click_models: list = param([], "type 3: cascade click models spread over the clients")
+    pbm_eta: list[float] = param(
+        [], "type 3: PBM examination exponents spread over the clients", items=Field(float, min=0.0)
+    )
+    queries_per_round: list[int] = param(
+        [], "type 4: queries per round spread over the clients", items=Field(int, min=1)
+    )
+    assign: str = param(
+        "cycle", "values to clients in turn (cycle) or at random", choices=("cycle", "random")
+    )
 
 
 # ------------------------------------------------------------------------------ partitioner
@@ -187,9 +185,9 @@ def label_view(qs: QuerySet, labels: np.ndarray, name: str) -> QuerySet:
     )
 
 
-def _click_models(spec: dict, n_grades: int) -> list:
+def _click_models(spec: PartitionParams, n_grades: int) -> list:
     models = []
-    for i, name in enumerate(spec["click_models"]):
+    for i, name in enumerate(spec.click_models):
         if name not in MODEL_NAMES or name == "pbm":
             raise ScenarioError(
                 f"federation.partition.click_models[{i}]: expected a cascade "
@@ -197,23 +195,23 @@ def _click_models(spec: dict, n_grades: int) -> list:
                 f"{name!r}; use pbm_eta for position-based users"
             )
         models.append(cascade(name, n_grades))
-    for eta in spec["pbm_eta"]:
+    for eta in spec.pbm_eta:
         models.append(make_click_model("pbm", n_grades, gamma_user=eta))
     return models
 
 
 def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -> Partition:
     """Every client's data under ``[federation.partition]`` (see the module docstring)."""
-    spec = ctx.partition_spec
+    spec = ctx.config.partition
     train, test = ctx.data.train, ctx.data.test
-    cap = ctx.max_test_queries
+    cap = ctx.config.evaluation.max_test_queries
     if cap is not None and cap < test.n_queries:
         test = test.subset(np.arange(cap))
-    iid, how = spec["iid"], spec["assign"]
+    iid, how = spec.iid, spec.assign
     facts: dict = {"iid": iid}
 
     # label views (type 1): one per intent, or the dataset's labels
-    intents = spec["intents"]
+    intents = spec.intents
     if intents:
         if train.intent_labels is None or test.intent_labels is None:
             raise ScenarioError(
@@ -227,7 +225,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
                     f"federation.partition.intents[{i}]: expected an intent in 0..{n_int - 1}, "
                     f"got {k!r}"
                 )
-        if spec["merge_intents"]:
+        if spec.merge_intents:
             rows = list(intents)
             views = [train.intent_labels[rows].max(axis=0)]
             test_sets = (
@@ -245,7 +243,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
                 )
                 for k in intents
             )
-    elif spec["merge_intents"]:
+    elif spec.merge_intents:
         raise ScenarioError("federation.partition.merge_intents: needs intents to merge")
     else:
         views = [train.labels]
@@ -257,7 +255,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
 
     # grade subsets (type 2)
     n_grades = ctx.data.n_grades
-    r = spec["grades"]
+    r = spec.grades
     if r > n_grades:
         raise ScenarioError(
             f"federation.partition.grades: expected at most {n_grades} (the "
@@ -277,7 +275,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
         if not intents:
             stacked = train
         else:
-            merged = spec["merge_intents"]
+            merged = spec.merge_intents
             stacked = label_view(train, views[0], "merged" if merged else f"intent{intents[0]}")
         maps, block = [np.arange(train.n_queries)], {(0, None): 0}
     else:
@@ -287,11 +285,11 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     if stacked is not train:
         ctx.shared("noniid.train", lambda: stacked)  # checkpoints name it, never copy it
 
-    own = assign_queries(train.n_queries, n_clients, ctx.data_mode, rng)
+    own = assign_queries(train.n_queries, n_clients, ctx.config.federation.data, rng)
     models = _click_models(spec, n_grades)
     model_slot = None if not models or iid else _slots(n_clients, len(models), how, rng)
     mixture = MixtureClickModel(tuple(models)) if models else None
-    sizes = spec["queries_per_round"]
+    sizes = spec.queries_per_round
     size_slot = None if not sizes or iid else _slots(n_clients, len(sizes), how, rng)
     iid_batch = int(round(float(np.mean(sizes)))) if sizes and iid else None
 
@@ -324,7 +322,7 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
     global_data = ClientData(np.sort(whole[whole >= 0]), stacked, mixture, None, test_sets or None)
     facts.update(
         intents=intents or None,
-        merged_intents=bool(spec["merge_intents"]) or None,
+        merged_intents=bool(spec.merge_intents) or None,
         grade_subsets=[list(g) for g in subsets] or None,
         click_models=[getattr(m, "name", "pbm") for m in models] or None,
         queries_per_round=sizes or None,
@@ -478,7 +476,7 @@ class RemedyStrategy(FPDGDStrategy):
             self.ranker.set_params(theta)
             own = self.ctx.client_data(aid)
             tests = own.tests if own is not None and own.tests else None
-            mode = self.ctx.no_relevant
+            mode = self.ctx.config.evaluation.no_relevant
             values.append(
                 evaluate_views(self.ranker, tests, mode)["ndcg@10"]
                 if tests
@@ -504,7 +502,7 @@ class FPDGDRemedies(FPDGD):
 
     def __init__(self, ctx: RunContext) -> None:
         p = ctx.params
-        if p.fedper and ctx.ranker_kind != "mlp":
+        if p.fedper and ctx.config.ranker.kind != "mlp":
             raise ScenarioError(
                 'federation.params.fedper: needs ranker.kind = "mlp" (a '
                 "linear ranker is only its output layer)"
@@ -538,7 +536,7 @@ PROVIDES = (
     *KINDS,
     PartitionEntry(
         "non-IID types 1-4 (Wang & Zuccon 2022) and their IID counterparts",
-        PARTITION_FIELDS,
+        PartitionParams,
         build_partition,
     ),
     ProtocolEntry(

@@ -51,16 +51,10 @@ class OnlineClient(Agent):
         self.ctx = ctx
         if "lr" not in learner:
             learner["lr"] = ctx.params.lr if self.trains else None
-        self.learner = PDGDLearner(ctx, queries, rng, agent_id, **learner)
+        self.learner = PDGDLearner(ctx, queries, rng, agent_id, agent=self, **learner)
         self.batch = ctx.batch_of(agent_id)  # a non-IID partition may vary it per client
         #: interactions of the training under way: the batch, or fewer (FLGo completeness)
         self.interactions = self.batch
-
-    async def dispatch(self, env) -> None:
-        """Handle ``env`` with the users in its round: the runtime sets the round the rankings
-        shown while handling it belong to (the online metric's order), not each handler."""
-        self.learner.users.round = env.round
-        await super().dispatch(env)
 
     @property
     def ranker(self):
@@ -116,7 +110,7 @@ class ModelStrategy(Strategy):
     def aggregate(self, round: int, replies: list) -> dict:
         updates = np.stack([r.body["params"] for r in replies])
         weights = np.array([r.body["n_interactions"] for r in replies], dtype=np.float64)
-        self.model = self.ctx.aggregator.fn(updates, weights, self.ctx.assumed_malicious)
+        self.model = self.ctx.aggregator.fn(updates, weights, self.ctx.config.assumed_malicious)
         return {"clients": len(replies)}
 
     def evaluate(self) -> dict[str, float]:

@@ -88,7 +88,7 @@ class ReplayStrategy(Strategy):
             if self.replay == "updates":
                 models = base.model + (models - start)
             weights = np.array([w for _, w in kept], dtype=np.float64)
-            base.model = base.ctx.aggregator.fn(models, weights, base.ctx.assumed_malicious)
+            base.model = base.ctx.aggregator.fn(models, weights, base.ctx.config.assumed_malicious)
             self.replayed += 1
         return []
 

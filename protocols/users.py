@@ -28,9 +28,13 @@ class Users:
         probe,
         owner: str = "",
         arrivals: np.ndarray | None = None,
+        agent=None,
     ) -> None:
         self.owner = owner
-        self.round = 0  # the client sets it from the message it serves
+        #: the agent whose users these are: the round they show rankings in is the round of
+        #: the message it handles (``Agent.dispatch`` sets it; no protocol has to)
+        self.agent = agent
+        self._round = 0
         self.train = train
         self.queries = queries
         self.click_model = click_model
@@ -43,6 +47,15 @@ class Users:
         #: queries are drawn uniformly at random
         self.arrivals = arrivals
         self.played = 0  # replay: queries issued so far, in order
+
+    @property
+    def round(self) -> int:
+        return self.agent.round if self.agent is not None else self._round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        """For users no agent owns (a server stepping on logged interactions, a test)."""
+        self._round = value
 
     def pending(self, now: float) -> int:
         """Replay: logged queries issued by simulated time ``now`` and not yet played."""

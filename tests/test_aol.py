@@ -390,3 +390,16 @@ def test_a_pick_of_some_users_reads_only_their_lines(release):
     rows = {q: every.train.features[20 * i : 20 * i + 20] for i, q in enumerate(range(13))}
     for i, q in enumerate(theirs[:n_train]):
         np.testing.assert_array_equal(two.train.features[20 * i : 20 * i + 20], rows[q])
+
+
+def test_a_replayed_log_over_zeromq_is_one_line_before_anything_starts(tmp_path, capsys, release):
+    """Its users' queries arrive by one run's simulated clock, which another process does not
+    share: refused at the start, with no worker launched and no results file."""
+    out = tmp_path / "out"
+    code = cli.main(
+        ["--quiet", str(scenario(tmp_path, release)), "--transport", "zmq", "--out", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "[variant sync]: dataset.format: 'aol4foltr'" in err and "ZeroMQ" in err, err
+    assert not (out / "results.json").exists() and not (out / "workers").exists()

@@ -71,12 +71,20 @@ def test_the_context_reads_the_scenario_once_into_typed_values(mq2008_dir):
     sim = Simulation(validate(raw, "t"), 1, Observer())
     sim.build()
     ctx = sim.ctx
-    assert (ctx.protocol, ctx.honest_clients, ctx.n_clients) == ("fpdgd", 4, 6)
-    assert (ctx.queries_per_client, ctx.rounds, ctx.eval_every) == (3, 5, 2)
     assert (
-        "unlearn" in ctx.timeline_actions
-        and not ctx.secure_aggregation
-        and ctx.ranker_kind == "linear"
+        ctx.config.federation.protocol,
+        ctx.config.federation.clients,
+        ctx.config.n_clients,
+    ) == ("fpdgd", 4, 6)
+    assert (
+        ctx.config.federation.queries_per_client,
+        ctx.config.federation.rounds,
+        ctx.config.evaluation.every,
+    ) == (3, 5, 2)
+    assert (
+        "unlearn" in ctx.config.timeline_actions
+        and not ctx.config.federation.secure_aggregation
+        and ctx.config.ranker.kind == "linear"
     )
-    assert [g["behaviour"] for g in ctx.agent_groups] == ["scaled_reversal"]
+    assert [g.behaviour for g in ctx.config.agents] == ["scaled_reversal"]
     assert not any(a.remote for a in sim.agents.values())

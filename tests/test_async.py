@@ -17,7 +17,7 @@ from foltr_async.runtime.clock import run
 from foltr_async.runtime.engine import RoundPlan
 from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.schema import Int, register_kind
-from foltr_async.scenario.load import load_scenario
+from foltr_async.scenario.load import load_scenario, revise
 from foltr_async.simulation import Simulation
 
 register_kind("test_async.model", {"x": Int()})
@@ -156,9 +156,16 @@ def test_fedasync_learns_under_heterogeneous_devices_and_is_deterministic(varian
 
 
 def test_partial_participation_caps_concurrency_and_rotates_clients(variants):
-    cfg = {**variants["fedbuff"]}
-    cfg["federation"] = {**cfg["federation"], "participation": 0.5, "rounds": 4}
-    cfg["federation"]["params"] = {**cfg["federation"]["params"], "buffer": 3, "period": 10.0}
+    cfg = revise(
+        variants["fedbuff"],
+        {
+            "federation": {
+                "participation": 0.5,
+                "rounds": 4,
+                "params": {"buffer": 3, "period": 10.0},
+            }
+        },
+    )
     result, sim = simulate(cfg)
     contributors = {c for r in sim.records.reports for c in r.clients}
     assert contributors == {f"client-{i:04d}" for i in range(6)}  # freed slots rotate
@@ -167,11 +174,8 @@ def test_partial_participation_caps_concurrency_and_rotates_clients(variants):
 
 
 def test_asynchronous_fpdgd_needs_compute_time(variants):
-    cfg = {**variants["fedasync"]}
-    cfg["federation"] = {**cfg["federation"], "params": {**cfg["federation"]["params"]}}
-    cfg["federation"]["params"]["compute_time"] = 0.0
     with pytest.raises(ScenarioError, match=r"compute_time: expected a number > 0"):
-        simulate(cfg)
+        simulate(revise(variants["fedasync"], {"federation": {"params": {"compute_time": 0.0}}}))
 
 
 def test_variants_are_compared_at_the_latest_time_every_repeat_reached():
@@ -232,13 +236,12 @@ def test_fedbuff_server_optimisers_follow_their_formulas():
 
 def test_fedbuff_with_server_momentum_moves_further_than_plain_sgd(variants):
     """Same clients, same updates in the first step; momentum carries the earlier steps on."""
-    cfg = {**variants["fedbuff"]}
-    cfg["federation"] = {**cfg["federation"], "participation": 0.5, "rounds": 4}
-    params = {**cfg["federation"]["params"], "buffer": 3, "period": 10.0}
     runs = {}
     for beta in (0.0, 0.9):
-        cfg["federation"]["params"] = {**params, "server_momentum": beta}
-        runs[beta] = simulate(cfg)[1].proto.strategy.model
+        params = {"buffer": 3, "period": 10.0, "server_momentum": beta}
+        fed = {"participation": 0.5, "rounds": 4, "params": params}
+        _, sim = simulate(revise(variants["fedbuff"], {"federation": fed}))
+        runs[beta] = sim.proto.strategy.model
     assert np.linalg.norm(runs[0.9]) > 1.5 * np.linalg.norm(runs[0.0])
 
 
@@ -247,16 +250,11 @@ def test_fedasync_rho_keeps_local_models_near_the_model_they_started_from(varian
     from the zero model the mixed global model moves less than without it."""
     moved = {}
     for rho in (0.0, 10.0):
-        cfg = {**variants["fedasync"]}
-        cfg["federation"] = {**cfg["federation"], "rounds": 2}
-        cfg["federation"]["params"] = {**cfg["federation"]["params"], "rho": rho}
+        cfg = revise(variants["fedasync"], {"federation": {"rounds": 2, "params": {"rho": rho}}})
         moved[rho] = np.linalg.norm(simulate(cfg)[1].proto.strategy.model)
     assert 0.0 < moved[10.0] < 0.5 * moved[0.0]
 
 
 def test_a_rho_whose_proximal_step_overshoots_is_refused(variants):
-    cfg = {**variants["fedasync"]}
-    cfg["federation"] = {**cfg["federation"]}
-    cfg["federation"]["params"] = {**cfg["federation"]["params"], "rho": 20.0}
     with pytest.raises(ScenarioError, match=r"rho: expected lr \* rho < 2"):
-        simulate(cfg)
+        simulate(revise(variants["fedasync"], {"federation": {"params": {"rho": 20.0}}}))

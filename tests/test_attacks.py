@@ -279,11 +279,9 @@ def test_scenario_files_validate(name):
     sc = load_scenario(ROOT / "scenarios" / f"{name}.toml")
     assert sc.reference in sc.variants and len(sc.variants) >= 8
     for cfg in sc.variants.values():
-        assert cfg["dataset"]["path"] is None  # the embedded synthetic data
-        fed = cfg["federation"]
+        assert cfg.dataset.path is None  # the embedded synthetic data
         if name != "eavesdropper":
-            m = sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
-            assert fed["clients"] + m == 10
+            assert cfg.n_clients == 10
 
 
 def test_gradient_reversal_poisons_every_step_and_says_its_path(tmp_path, mq2008_dir):

@@ -159,7 +159,9 @@ def test_noise_shares_sized_by_all_clients_under_partial_participation_are_caugh
     tmp_path, monkeypatch
 ):
     def privatise(self, theta):  # the federation's size, not the round's clients
-        return theta + gamma_noise(self.rng, self.ctx.n_clients, self.noise_scale, theta.size)
+        return theta + gamma_noise(
+            self.rng, self.ctx.config.n_clients, self.noise_scale, theta.size
+        )
 
     monkeypatch.setattr(FPDGDClient, "privatise", privatise)
     a = audited(tmp_path, clients=8, federation="participation = 0.25")["per_release"]

@@ -44,7 +44,7 @@ def test_online_pdgd_on_the_same_budget_is_one_learner_stepping_at_every_interac
     online = Simulation(sc.variants["PDGD-same-budget"], 1, Observer())
     result = run(online.run())
     zero = online.ctx.evaluate(online.ctx.new_ranker())["ndcg@10"]
-    assert online.ctx.n_clients == 1
+    assert online.ctx.config.n_clients == 1
     assert result["online"]["interactions"] == 3 * 1000 * 4  # FPDGD's budget
     assert result["messages"]["kinds"]["fpdgd.update"]["delivered"] == 3  # one model a round
     assert result["offline"]["ndcg@10"][-1] > zero + 0.1

@@ -280,21 +280,21 @@ def test_one_option_takes_folds_and_normalisation_from_the_layout(collections):
     fold_file = REPRODUCE / "fpdgd_dp.toml"  # a file on MQ2008's folds
     sc = load_scenario(fold_file, [f"dataset.path={collections['mslr']}"])
     assert sc.folds == (1, 2, 3, 4, 5) and sc.repeats == 5
-    cfg = sc.variants["FPDGD"]["dataset"]
-    assert cfg["path"] == str(collections["mslr"]) and cfg["normalise"] is True
+    cfg = sc.variants["FPDGD"].dataset
+    assert cfg.path == str(collections["mslr"]) and cfg.normalise is True
     sc = load_scenario(REPRODUCE / "noniid_type2.toml", [f"dataset.path={collections['yahoo']}"])
     assert sc.folds == () and sc.repeats == 5  # seeds of the one fixed split
-    assert sc.variants["IID"]["dataset"]["path"] == str(collections["yahoo"])
+    assert sc.variants["IID"].dataset.path == str(collections["yahoo"])
     sc = load_scenario(fold_file, [f"dataset.path={collections['istella']}"])
-    assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"].endswith("sample")
+    assert sc.folds == () and sc.variants["FPDGD"].dataset.path.endswith("sample")
     sc = load_scenario(
         fold_file,
         [f"dataset.path={collections['letor4']}", "dataset.folds=[2]", "dataset.normalise=true"],
     )
-    assert sc.folds == (2,) and sc.variants["FPDGD"]["dataset"]["normalise"] is True
+    assert sc.folds == (2,) and sc.variants["FPDGD"].dataset.normalise is True
     train = collections["mslr"] / "Fold3" / "train.txt"  # a file: read as given, no folds
     sc = load_scenario(fold_file, [f"dataset.path={train}"])
-    assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"] == str(train)
+    assert sc.folds == () and sc.variants["FPDGD"].dataset.path == str(train)
 
 
 def test_letor_files_of_no_published_collection_run_but_fail_the_check(tmp_path, capsys):
@@ -309,8 +309,8 @@ def test_letor_files_of_no_published_collection_run_but_fail_the_check(tmp_path,
     err = _one_line_error(out, capsys)
     assert f"{out / 'train.txt'}:1: feature ids up to 700; expected 220 (Istella-S)" in err
     sc = load_scenario(REPRODUCE / "fpdgd_dp.toml", [f"dataset.path={out}"])
-    assert sc.folds == () and sc.variants["FPDGD"]["dataset"]["path"] == str(out)
-    assert sc.variants["FPDGD"]["dataset"]["normalise"] is False
+    assert sc.folds == () and sc.variants["FPDGD"].dataset.path == str(out)
+    assert sc.variants["FPDGD"].dataset.normalise is False
 
 
 def test_large_files_report_their_progress_on_stderr(collections, capsys, monkeypatch):

@@ -24,7 +24,7 @@ from foltr_async.protocols.fedips import (
     truncated_normal,
 )
 from foltr_async.runtime.clock import run
-from foltr_async.scenario.load import validate
+from foltr_async.scenario.load import revise, validate
 from foltr_async.simulation import Simulation
 
 # ------------------------------------------------------------------------------ users
@@ -364,10 +364,8 @@ def test_m_clicks_per_user_fix_the_clicks_a_round_and_change_the_run(mq2008_dir)
 
 
 def test_fedips_refuses_secure_aggregation(mq2008_dir):
-    cfg = config(mq2008_dir)
-    cfg["federation"]["secure_aggregation"] = True
-    with pytest.raises(ScenarioError, match="fedips sends updates"):
-        simulate(cfg)
+    with pytest.raises(ScenarioError, match="'fedips' does not support secure aggregation"):
+        revise(config(mq2008_dir), {"federation": {"secure_aggregation": True}})
 
 
 def test_logging_policy_uses_full_information_on_a_small_share(mq2008_dir):

@@ -11,6 +11,7 @@ from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
 from foltr_async.runtime.clock import run
+from foltr_async.scenario.load import revise
 from foltr_async.simulation import Simulation
 from tests.test_foltr_es_reference import N_FEATURES, built, config
 
@@ -105,8 +106,7 @@ def test_the_users_draws_come_from_the_stream_the_sent_seed_starts(mq2008_dir):
 
 def test_authors_streams_learn_and_repeat_bit_for_bit(mq2008_dir):
     cfg = config_of(mq2008_dir, clients=50, rounds=60)
-    cfg["clicks"]["model"] = "perfect"
-    cfg["evaluation"]["every"] = 60
+    cfg = revise(cfg, {"clicks": {"model": "perfect"}, "evaluation": {"every": 60}})
     ctx = built(cfg).ctx
     zero = ctx.evaluate(ctx.new_ranker())
     models, results = [], []

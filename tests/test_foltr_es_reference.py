@@ -13,7 +13,7 @@ from foltr_async.ltr.rankers import MLPRanker
 from foltr_async.observe.observer import Observer
 from foltr_async.protocols.learner import batch_kind
 from foltr_async.runtime.clock import run
-from foltr_async.scenario.load import validate
+from foltr_async.scenario.load import revise, validate
 from foltr_async.simulation import Simulation
 
 N_FEATURES = 46  # MQ2008
@@ -193,7 +193,7 @@ def test_the_two_layer_network_learns_on_real_mq2008(mq2008_dir):
     Glorot-initialised tanh network barely moved in as many rounds (its random start dwarfs
     what 1e-3 steps change); the zero-initialised ReLU one learns."""
     cfg = config(mq2008_dir, {"kind": "mlp", "hidden": [10]}, clients=50, rounds=80)
-    cfg["evaluation"]["every"] = 80
+    cfg = revise(cfg, {"evaluation": {"every": 80}})
     sim = built(cfg, seed=1)
     assert not sim.proto.strategy.model.any()
     zero = sim.ctx.evaluate(sim.ctx.new_ranker())

@@ -41,10 +41,10 @@ def test_zip_pairs_keys_and_product_multiplies_axes(tmp_path):
     assert names[0] == "plain" and len(names) == 1 + 4 * 2
     assert names[1:3] == ["dp-eps1.2-delta3-C10", "dp-eps1.2-delta3-C100"]
     cfg = sc.variants["dp-eps4.5-delta5-C100"]
-    params = cfg["federation"]["params"]
+    params = cfg.federation.params
     assert (params["dp"], params["epsilon"], params["sensitivity"]) == (True, 4.5, 5.0)
-    assert cfg["federation"]["clients"] == 100 and cfg["federation"]["rounds"] == 6
-    assert sc.variants["plain"]["federation"]["params"]["dp"] is False
+    assert cfg.federation.clients == 100 and cfg.federation.rounds == 6
+    assert sc.variants["plain"].federation.params["dp"] is False
 
 
 def test_numeric_path_component_indexes_a_list_from_set(tmp_path):
@@ -59,8 +59,8 @@ zip = { federation.clients = [9, 8], agents.0.count = [1, 2] }
 """,
     )
     cfg = sc.variants["lie-median-m2"]
-    assert cfg["federation"]["clients"] == 8 and cfg["agents"][0]["count"] == 2
-    assert cfg["agents"][0]["behaviour"] == "lie" and cfg["federation"]["aggregator"] == "median"
+    assert cfg.federation.clients == 8 and cfg.agents[0].count == 2
+    assert cfg.agents[0].behaviour == "lie" and cfg.federation.aggregator == "median"
 
 
 @pytest.mark.parametrize(
@@ -97,9 +97,9 @@ def test_folds_multiply_repeats_and_name_each_repeat_s_fold(tmp_path):
     sc = load(tmp_path, text.replace("[dataset]", "[dataset]", 1))
     assert sc.repeats == 4 and sc.folds == (1, 3)
     cfg = sc.variants["plain"]
-    paths = [repeat_config(sc, cfg, r)["dataset"]["path"] for r in range(4)]
+    paths = [repeat_config(sc, cfg, r).dataset.path for r in range(4)]
     assert [Path(p) for p in paths] == [Path("data/MQ2008") / f for f in ("Fold1", "Fold3") * 2]
-    assert cfg["dataset"]["path"] == "data/MQ2008"  # the scenario's config is left as written
+    assert cfg.dataset.path == "data/MQ2008"  # the scenario's config is left as written
     with pytest.raises(ScenarioError, match="dataset.folds: expected a dataset.path"):
         load(tmp_path, "[dataset]\nfolds = [1]\n")
     folds_error = r"dataset.folds(\[0\])?: expected (an integer >= 1|distinct)"
@@ -128,7 +128,7 @@ def test_reproduction_scenarios_validate_and_read_five_folds():
         else:  # MQ2008 lacks what the experiment needs: an embedded profile, said in the file,
             # with at least 5 seeds in place of the 5 folds
             base = sc.variants[sc.reference]
-            assert base["dataset"]["profile"] and base["scenario"]["repeats"] >= 5, f.name
+            assert base.dataset.profile and base.scenario.repeats >= 5, f.name
             assert "MQ2008" in f.read_text(), f"{f.name}: say why it is not on MQ2008"
 
 

@@ -14,7 +14,7 @@ from foltr_async.protocols.noniid import MixtureClickModel, stack_views
 from foltr_async.protocols.users import K
 from foltr_async.runtime.clock import run
 from foltr_async.runtime.wire import Envelope
-from foltr_async.scenario.load import validate
+from foltr_async.scenario.load import revise, validate
 from foltr_async.simulation import Simulation
 
 INTENTS = {"profile": "intent-change-like", "n_queries": 150}
@@ -246,10 +246,7 @@ def test_cascade_clients_of_a_partition_still_train_in_one_batch():
 
 def remedy(partition=None, dataset=INTENTS, ranker=None, **params):
     cfg = config(partition, dataset=dataset, protocol="fpdgd_remedies")
-    cfg["federation"]["params"].update(params)
-    if ranker is not None:
-        cfg["ranker"] = ranker
-    return cfg
+    return revise(cfg, {"federation": {"params": params}, "ranker": ranker or {}})
 
 
 def test_without_remedies_the_protocol_is_fpdgd():
@@ -406,8 +403,7 @@ def sharing_with_fedprox():
     """Type 2 (one grade per client) on shared documents, data sharing and FedProx: the
     clients' and the shared data's queries index one training set."""
     cfg = remedy({"grades": 1}, dataset=GRADED, share_alpha=0.5, warmup=50, fedprox_mu=0.3)
-    cfg["federation"]["data"] = "shared"
-    return cfg
+    return revise(cfg, {"federation": {"data": "shared"}})
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ from foltr_async.ltr.clicks import cascade
 from foltr_async.ltr.pdgd_batch import PDGDJob, train_linear_batch, train_mlp_batch
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.observe.observer import Observer
-from foltr_async.registry import REGISTRY
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import validate
 from foltr_async.simulation import Datasets, Probe, RunContext, Simulation
@@ -34,16 +33,7 @@ def make_queryset(n_grades: int, seed: int = 0) -> QuerySet:
 def make_ctx(train: QuerySet, n_grades: int, ranker: dict | None = None, **params) -> RunContext:
     raw = {"federation": {"protocol": "fpdgd", "params": params}, "ranker": ranker or {}}
     cfg = validate(raw, "test")
-    return RunContext(
-        cfg,
-        0,
-        Datasets(train, train, n_grades),
-        None,
-        Probe(),
-        REGISTRY.aggregators["fedavg"],
-        0,
-        lambda *a, **k: None,
-    )
+    return RunContext(cfg, 0, Datasets(train, train, n_grades), None, Probe(), lambda *a, **k: None)
 
 
 class Shown:

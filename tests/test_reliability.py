@@ -383,7 +383,8 @@ def test_any_value_for_any_key_is_a_finite_config_or_one_line_error(key, value):
         text = str(e)
         assert text.startswith("s.toml: ") and "\n" not in text
     else:
-        assert all(math.isfinite(x) for x in _floats(cfg)), cfg[section][name]
+        table = cfg.as_dict()
+        assert all(math.isfinite(x) for x in _floats(table)), table[section][name]
 
 
 def _floats(obj):

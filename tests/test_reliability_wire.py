@@ -26,7 +26,6 @@ from foltr_async.observe.observer import Observer
 from foltr_async.rng import stream
 from foltr_async.runtime.bus import MemoryBus
 from foltr_async.runtime.clock import run
-from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.wire import DropMessage, Envelope, decode, encode
 from foltr_async.runtime.zmq_wire import pack_control
 from foltr_async.scenario.load import load_scenario
@@ -131,7 +130,7 @@ class FuzzedBus(MemoryBus):
 
 def simulate(cfg: dict, fuzz: bool) -> tuple[dict, MemoryBus, int]:
     """One run in virtual time; returns the result, its bus and the peak traced memory."""
-    net = NetworkModel.from_dict(cfg["network"])
+    net = cfg.new_network()
     if fuzz:
         bus = FuzzedBus(net, stream(5, "net"), max_bytes=MAX_BYTES, seed=123)
     else:

@@ -36,12 +36,12 @@ def test_variants_deep_merge_over_the_base(tmp_path):
     sc = load_scenario(write(tmp_path, BASE))
     a, b = sc.variants["a"], sc.variants["b"]
     assert (sc.seed, sc.repeats, sc.reference) == (3, 2, "a")
-    assert a["federation"]["clients"] == 4 and b["federation"]["clients"] == 6
-    assert b["federation"]["rounds"] == 12  # untouched keys survive the merge
-    assert a["federation"]["params"]["dp"] is False and b["federation"]["params"]["dp"] is True
-    assert b["federation"]["params"]["lr"] == 0.1  # protocol defaults filled in
-    assert b["agents"][0]["role"] == "attacker" and b["agents"][0]["z"] == 3.0
-    assert b["timeline"][0]["round"] == 12  # -1 is the last round
+    assert a.federation.clients == 4 and b.federation.clients == 6
+    assert b.federation.rounds == 12  # untouched keys survive the merge
+    assert a.params.dp is False and b.params.dp is True
+    assert b.params.lr == 0.1  # protocol defaults filled in
+    assert b.agents[0].role == "attacker" and b.agents[0].params.z == 3.0
+    assert b.timeline[0].round == 12  # -1 is the last round
 
 
 def test_set_overrides_every_variant_and_parses_toml_values(tmp_path):
@@ -49,8 +49,8 @@ def test_set_overrides_every_variant_and_parses_toml_values(tmp_path):
         write(tmp_path, BASE), ["federation.rounds=20", "clicks.model=perfect"], seed=9
     )
     for cfg in sc.variants.values():
-        assert cfg["federation"]["rounds"] == 20
-        assert cfg["clicks"]["model"] == "perfect"
+        assert cfg.federation.rounds == 20
+        assert cfg.clicks.model == "perfect"
     assert sc.seed == 9
 
 
@@ -62,7 +62,7 @@ def test_a_profile_override_replaces_the_file_s_real_data_path_and_folds(tmp_pat
     sc = load_scenario(write(tmp_path, real), ["dataset.profile=mslr-like", "scenario.repeats=5"])
     assert (sc.folds, sc.repeats) == ((), 5)
     for cfg in sc.variants.values():
-        assert cfg["dataset"]["profile"] == "mslr-like" and cfg["dataset"]["path"] is None
+        assert cfg.dataset.profile == "mslr-like" and cfg.dataset.path is None
 
 
 @pytest.mark.parametrize(
@@ -130,8 +130,32 @@ def test_only_validates_just_the_named_variants():
         load_scenario(path, sets)
     sc = load_scenario(path, sets, only=["FOLtR-ES-p1.0", "FOLtR-ES-p0.5"])
     assert list(sc.variants) == ["FOLtR-ES-p0.5", "FOLtR-ES-p1.0"]  # the file's order
-    assert {v["federation"]["params"]["streams"] for v in sc.variants.values()} == {"authors"}
+    assert {v.params.streams for v in sc.variants.values()} == {"authors"}
     assert sc.reference is None  # the file's reference (FPDGD) is not among them
     assert load_scenario(path, only=["FPDGD"]).reference == "FPDGD"
     with pytest.raises(ScenarioError, match=r"unknown variant 'FOLtR-ES-p1'.*did you mean"):
         load_scenario(path, only=["FOLtR-ES-p1"])
+
+
+def test_a_variant_is_one_typed_frozen_config_whose_tables_are_what_the_file_gives(tmp_path):
+    """Each variant is built once into typed sections and derived values; changing one from
+    Python goes through the loader's rules again (``revise``), never around them."""
+    import dataclasses
+
+    from foltr_async.scenario.load import revise, validate
+
+    sc = load_scenario(write(tmp_path, BASE))
+    b = sc.variants["b"]
+    assert (b.n_clients, b.n_attackers, b.n_eavesdroppers, b.assumed_malicious) == (7, 1, 0, 1)
+    assert b.timeline_actions == {"unlearn"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.federation.rounds = 3
+    # the plain tables give the same config back, and a change is checked like a file's
+    assert validate({**b.as_dict(), "agents": []}, "x").federation == b.federation
+    assert revise(b, {"federation": {"rounds": 20}}).federation.rounds == 20
+    with pytest.raises(ScenarioError, match=r"timeline\[0\].round: expected a round in 1..5"):
+        revise(b, {"federation": {"rounds": 5}})  # the unlearning round is past the end
+    with pytest.raises(ScenarioError, match=r"revised: federation.rounds: expected an integer"):
+        revise(b, {"federation": {"rounds": "five"}})
+    with pytest.raises(ScenarioError, match=r"min_clients: expected at most the 7 clients"):
+        revise(b, {"federation": {"min_clients": 8}})

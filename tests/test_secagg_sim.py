@@ -96,7 +96,7 @@ def test_thirty_percent_dropout_after_key_sharing_and_learning_goes_on(tmp_path,
         tmp_path, scenario(mq2008_dir, "params = { dp = true }\n[federation.secagg]\ndropout = 0.3")
     )
     cfg = sc.variants["default"]
-    assert cfg["federation"]["secure_aggregation"] is True  # the table alone turns it on
+    assert cfg.federation.secure_aggregation is True  # the table alone turns it on
     result, sim = simulate(cfg)
     sa = result["secure_aggregation"]
     # 10 clients, threshold 5 of 9 neighbours: a round survives up to 4 dropouts
@@ -214,21 +214,21 @@ federation.secure_aggregation = false
 """,
         ),
     )
-    on, off = sc.variants["on"]["federation"], sc.variants["off"]["federation"]
-    assert on["secure_aggregation"] and not off["secure_aggregation"]
-    assert on["secagg"]["degree"] == 4 and on["secagg"]["threshold"] == 0.5
+    on, off = sc.variants["on"].federation, sc.variants["off"].federation
+    assert on.secure_aggregation and not off.secure_aggregation
+    assert on.secagg["degree"] == 4 and on.secagg["threshold"] == 0.5
 
 
 def test_shipped_dropout_scenario_runs_a_short_secure_round_trip():
     sc = load_scenario(
         ROOT / "scenarios" / "secagg_dropout.toml", ["federation.rounds=2", "evaluation.every=2"]
     )
-    assert not sc.variants["plain"]["federation"]["secure_aggregation"]
+    assert not sc.variants["plain"].federation.secure_aggregation
     assert [
-        sc.variants[v]["federation"]["secagg"]["dropout"]
+        sc.variants[v].federation.secagg["dropout"]
         for v in ("secagg", "secagg-drop30", "secagg-drop60")
     ] == [0.0, 0.3, 0.6]
-    assert sc.variants["secaggplus-k10-drop10"]["federation"]["secagg"]["degree"] == 10
+    assert sc.variants["secaggplus-k10-drop10"].federation.secagg["degree"] == 10
     result, _ = simulate(sc.variants["secagg-drop30"], seed=sc.seed)
     assert result["secure_aggregation"]["unmasked_rounds"] == 2
     assert result["eavesdrop"]["eve-0"]["masked_updates"] > 0

@@ -155,4 +155,4 @@ def test_a_relative_trace_path_is_also_read_from_the_scenario_folder(tmp_path):
     scenario = tmp_path / "s.toml"
     scenario.write_text('[federation]\nprotocol = "fpdgd"\n[network]\ntrace = "t.json"\n')
     cfg = load_scenario(scenario).variants["default"]
-    assert cfg["network"]["trace"] == str(tmp_path / "t.json")
+    assert cfg.network.trace.path == str(tmp_path / "t.json")

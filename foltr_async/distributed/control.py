@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.registry import REGISTRY
 from foltr_async.runtime.schema import Array, Bytes, Int, ListOf, Map, Opt, Spec, Str, Struct
 from foltr_async.runtime.trust import Measured
@@ -40,10 +41,10 @@ from foltr_async.simulation import load_datasets
 __all__ = ["WORKER_CONTROL", "run_digest", "wire_limits"]
 
 
-def run_digest(cfg: dict, data: Any) -> str:
+def run_digest(config: RunConfig, data: Any) -> str:
     """What a worker's run must share with the server's: the variant's configuration (all but
     where the data lives) and the training data's shape and labels."""
-    cfg = json.loads(json.dumps(cfg, default=str))
+    cfg = json.loads(json.dumps(config.as_dict(), default=str))
     cfg["dataset"].pop("path", None)
     train = data.train
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
@@ -64,12 +65,10 @@ def wire_limits(scenario: Scenario) -> WireLimits:
     """
     message, clients = 0, 1
     for cfg in scenario.variants.values():
-        fed = cfg["federation"]
-        n = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
-        bound = REGISTRY.protocols[fed["protocol"]].wire_bytes
+        bound = REGISTRY.protocols[cfg.federation.protocol].wire_bytes
         m = DEFAULT_MAX_BYTES if bound is None else bound(cfg, load_datasets(cfg))
         message = max(message, m)
-        clients = max(clients, n)
+        clients = max(clients, cfg.n_clients)
     return WireLimits(
         frame=max(4 << 20, 2 * message),
         message=message,

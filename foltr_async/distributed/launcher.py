@@ -38,7 +38,7 @@ class LocalWorkers:
     ) -> None:
         if n < 1:
             raise FoltrError(f"--workers: expected an integer >= 1, got {n}")
-        clients = max(cfg["federation"]["clients"] for cfg in scenario.variants.values())
+        clients = max(cfg.federation.clients for cfg in scenario.variants.values())
         chunks = [c for c in np.array_split(np.arange(clients), n) if c.size]
         if not chunks:
             raise ScenarioError("--transport zmq: the scenario has no honest clients to host")

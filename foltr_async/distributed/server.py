@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import structlog
 
+from foltr_async.config import RunConfig
 from foltr_async.distributed.claims import agent_ids, client_number
 from foltr_async.distributed.control import WORKER_CONTROL, run_digest
 from foltr_async.provenance import code_stamp
 from foltr_async.rng import stream
-from foltr_async.runtime.network import NetworkModel
 from foltr_async.runtime.trust import RunLedger
 from foltr_async.runtime.zmq_buses import HubBus
 from foltr_async.runtime.zmq_endpoints import Hub
@@ -165,10 +165,10 @@ class ZmqServer:
 
     # ----------------------------------------------------------------- Simulation hooks
 
-    def make_bus(self, cfg: dict, seed: int) -> HubBus:
+    def make_bus(self, cfg: RunConfig, seed: int) -> HubBus:
         self.run_id += 1
         self.bus = HubBus(
-            NetworkModel.from_dict(cfg["network"]),
+            cfg.new_network(),
             stream(seed, "net"),
             self.hub,
             self.run_id,

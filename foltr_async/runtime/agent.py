@@ -138,6 +138,9 @@ class Agent(Checkpointed):
         self.inbox = Inbox()
         self.state = "new"
         self.last_kind: str | None = None
+        #: the round of the message being handled (set by ``dispatch``: a client's users show
+        #: rankings in it, the online metric's order)
+        self.round = 0
         self.rounds_joined = 0
         self.counters: Counter[str] = Counter()
         self._task: asyncio.Task | None = None
@@ -176,6 +179,7 @@ class Agent(Checkpointed):
     async def dispatch(self, env: Envelope) -> None:
         """Run the handler of ``env.kind``; failures are counted drops, never raised."""
         self.last_kind = env.kind
+        self.round = env.round
         entry = self._handlers.get(env.kind)
         if entry is None:
             self._drop("no_handler", f"{type(self).__name__} has no handler", env)

@@ -355,9 +355,9 @@ def check_config(fed: dict, names: SecureNames, robust: bool, where: str = "") -
 
 
 def build(ctx: Any, names: SecureNames) -> SecureRun | None:
-    """The run's secure aggregation from ``federation.secure_aggregation`` / ``secagg``, or None."""
-    fed = ctx.cfg["federation"]
-    if not fed.get("secure_aggregation"):
+    """The run's secure aggregation from ``federation.secure_aggregation`` / ``secagg``, or None
+    (the loader checked the pair with ``check_config``)."""
+    fed = ctx.config.federation
+    if not fed.secure_aggregation:
         return None
-    check_config(fed, names, ctx.aggregator.robust)
-    return names.scheme().build(ctx, names.summable(fed["protocol"]), fed.get("secagg") or {})
+    return names.scheme().build(ctx, names.summable(fed.protocol), fed.secagg)

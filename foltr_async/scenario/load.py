@@ -11,153 +11,37 @@ import copy
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from foltr_async.config import (
+    SECTION_CLASSES,
+    AgentGroup,
+    EvaluationSettings,
+    RunConfig,
+    ScenarioSettings,
+    TimelineItem,
+)
 from foltr_async.errors import DatasetError, ScenarioError
 from foltr_async.inputs import MB, nesting_depth, read_capped, relative_note
 from foltr_async.names import NAME_MAX, VARIANT_RULE, bad_variant_name, suggest
 from foltr_async.params import Field, check_table, fail, key_text
 from foltr_async.registry import REGISTRY, unknown
 
+if TYPE_CHECKING:
+    from foltr_async.runtime.network import NetworkModel
+
+#: every section's fields, in a variant's order (``[network]`` is checked by NetworkModel)
 SECTIONS: dict[str, dict[str, Field]] = {
-    "scenario": {
-        "name": Field(str, "", "short name used for the output folder"),
-        "description": Field(str, "", "the research question this file answers"),
-        "seed": Field(int, 0, "root of every random stream", min=0),
-        "repeats": Field(int, 1, "runs per variant, seeds seed, seed+1, ...", min=1),
-        "reference": Field(str, None, "variant the others are compared with", nullable=True),
-    },
-    "dataset": {
-        "profile": Field(str, "mq2007-like", "embedded synthetic profile (when no path)"),
-        "format": Field(
-            str,
-            "letor",
-            "what dataset.path holds: LETOR files, or an AOL4FOLTR folder (one client per user)",
-            choices=("letor", "aol4foltr"),
-        ),
-        "path": Field(str, None, "LETOR fold directory or train file", nullable=True),
-        "n_queries": Field(int, None, "synthetic dataset size (all splits)", min=10, nullable=True),
-        "normalise": Field(bool, False, "query-level min-max normalisation of LETOR features"),
-        "seed": Field(
-            int,
-            None,
-            "synthetic data / aol4foltr user draw seed (default: scenario.seed)",
-            nullable=True,
-            min=0,
-        ),
-        "folds": Field(
-            list,
-            [],
-            "fold numbers under path (FoldN): every fold runs scenario.repeats seeds",
-            items=Field(int, min=1),
-        ),
-        "min_queries": Field(int, 1, "aol4foltr: logged queries a user needs to be picked", min=1),
-        "select": Field(
-            str,
-            "sample",
-            "aol4foltr: users by a seeded draw (dataset.seed) or the most active",
-            choices=("sample", "most_active"),
-        ),
-        "test_fraction": Field(
-            float, 0.2, "aol4foltr: last share of queries in time held out", min=0.01, max=0.99
-        ),
-        "time_scale": Field(
-            float, 3600.0, "aol4foltr: logged seconds per simulated second", min=1e-9
-        ),
-    },
-    "ranker": {
-        "kind": Field(str, "linear", "ranker family", choices=("linear", "mlp")),
-        "hidden": Field(list, [64], "MLP hidden layer sizes", items=Field(int, min=1)),
-        "activation": Field(
-            str,
-            None,
-            "MLP hidden units (default: the protocol's, else tanh)",
-            choices=("tanh", "relu"),
-            nullable=True,
-        ),
-        "init": Field(
-            str,
-            None,
-            "MLP initial weights: glorot or all zero (default: the protocol's, else glorot)",
-            choices=("glorot", "zero"),
-            nullable=True,
-        ),
-    },
-    "clicks": {
-        "model": Field(
-            str,
-            "informational",
-            "click model of honest users",
-            choices=("perfect", "navigational", "informational"),
-        ),
-    },
-    "federation": {
-        "protocol": Field(str, help="protocol name (see `python -m foltr_async list`)"),
-        "clients": Field(int, 10, "honest clients", min=1),
-        "queries_per_client": Field(int, 4, "interactions per client per round (B)", min=1),
-        "rounds": Field(int, 100, "federated rounds", min=1),
-        "aggregator": Field(str, "fedavg", "how client updates combine"),
-        "participation": Field(
-            float, 1.0, "fraction of online clients per round", min=0.0, max=1.0
-        ),
-        "min_clients": Field(int, 1, "fewer replies keep the old model", min=1),
-        "deadline": Field(float, 60.0, "simulated seconds the server waits per round", min=0.0),
-        "round_gap": Field(float, 0.0, "simulated idle seconds between rounds", min=0.0),
-        "data": Field(
-            str,
-            "partition",
-            "client query sets: disjoint partition or shared pool",
-            choices=("partition", "shared"),
-        ),
-        "assumed_malicious": Field(
-            int,
-            None,
-            "m the robust aggregators assume (default: the number of attacker agents)",
-            min=0,
-            nullable=True,
-        ),
-        "params": Field(dict, {}, "protocol parameters"),
-        "secure_aggregation": Field(
-            bool,
-            None,
-            "mask client updates so the server learns only "
-            "their sum (default: on when [federation.secagg] is given)",
-            nullable=True,
-        ),
-        "secagg": Field(dict, {}, "secure aggregation settings (degree, threshold, ...)"),
-        "partition": Field(
-            dict,
-            {},
-            "non-IID client data (intents, grades, click models, "
-            "queries per round; see protocols/noniid.py)",
-        ),
-    },
-    "network": {},  # validated by NetworkModel.from_dict
-    "evaluation": {
-        "every": Field(int, 10, "evaluate the global model every N rounds", min=1),
-        "no_relevant": Field(
-            str, "skip", "queries without relevant documents", choices=("skip", "zero")
-        ),
-        "max_test_queries": Field(int, None, "cap on held-out queries", min=1, nullable=True),
-    },
+    **{name: cls.FIELDS for name, cls in SECTION_CLASSES.items() if name != "evaluation"},
+    "network": {},
+    "evaluation": EvaluationSettings.FIELDS,
 }
 
 AGENT_FIELDS = {
     "behaviour": Field(str, help="attacker or eavesdropper kind"),
     "count": Field(int, 1, "agents in this group", min=1),
 }
-TIMELINE_FIELDS = {
-    "round": Field(
-        int, None, "round the action happens before; -1 is the last round", nullable=True
-    ),
-    "time": Field(float, None, "simulated time of the action (seconds)", min=0.0, nullable=True),
-    "action": Field(
-        str,
-        help="what happens: join, leave, crash, rejoin, attack_start, "
-        "attack_stop or an action of the protocol's",
-    ),
-    "agents": Field(list, [], "agent ids, or groups: 'attackers', 'clients'"),
-}
+TIMELINE_FIELDS = TimelineItem.FIELDS
 #: the largest scenario file read (a scenario is a few kB; a grid a few more)
 MAX_SCENARIO_BYTES = 4 * MB
 #: how deep a scenario's tables and arrays may nest (real ones: about 6)
@@ -176,7 +60,7 @@ class Scenario:
     seed: int
     repeats: int
     reference: str | None
-    variants: dict[str, dict[str, Any]]
+    variants: dict[str, RunConfig]
     #: ``dataset.folds``: repeat r runs on fold ``folds[r % len(folds)]`` (``repeats`` counts
     #: folds x seeds); empty: every repeat reads ``dataset.path`` as given.
     folds: tuple[int, ...] = ()
@@ -185,6 +69,10 @@ class Scenario:
         """How an error names one variant: ``file [variant NAME]`` (a file without
         ``[variants]`` has the one variant ``default`` and is named by the file alone)."""
         return label(self.path, variant, list(self.variants) != ["default"])
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """Every variant's plain tables (results.json's ``config``)."""
+        return {name: cfg.as_dict() for name, cfg in self.variants.items()}
 
 
 def label(path: Path, variant: str, named: bool) -> str:
@@ -246,7 +134,7 @@ def load_scenario(
                 f"variants: {', '.join(names)}"
             )
         names = [n for n in names if n in only]
-    resolved: dict[str, dict[str, Any]] = {}
+    resolved: dict[str, RunConfig] = {}
     for name in names:
         merged = copy.deepcopy(raw)
         over = variants_raw.get(name, {})
@@ -272,7 +160,7 @@ def load_scenario(
                 ) from None
             raise
     first = _scenario_wide(resolved, where)
-    reference = first["reference"]
+    reference = first.reference
     if only and reference not in only:
         reference = None
     if reference is not None and reference not in resolved:
@@ -281,8 +169,8 @@ def load_scenario(
             f"{suggest(reference, list(resolved))}; variants: {', '.join(resolved)}"
         )
     folds = _folds(resolved, where)
-    repeats = first["repeats"] * max(1, len(folds))
-    return Scenario(path, first["name"], first["seed"], repeats, reference, resolved, folds)
+    repeats = first.repeats * max(1, len(folds))
+    return Scenario(path, first.name, first.seed, repeats, reference, resolved, folds)
 
 
 def _plugin_modules(table: Any, where: str) -> list[str]:
@@ -356,11 +244,11 @@ def _with_grids(variants: dict, grids: Any, where: str) -> dict:
     return {**variants, **expanded}
 
 
-def _scenario_wide(variants: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
+def _scenario_wide(variants: dict[str, RunConfig], where: str) -> ScenarioSettings:
     """The ``[scenario]`` values the whole file shares (one output folder, one seed sequence,
     one reference): a variant setting another one would silently run with the first's."""
     for key in ("name", "seed", "repeats", "reference"):
-        values = {name: cfg["scenario"][key] for name, cfg in variants.items()}
+        values = {name: getattr(cfg.scenario, key) for name, cfg in variants.items()}
         if len(set(values.values())) > 1:
             raise fail(
                 where,
@@ -368,12 +256,12 @@ def _scenario_wide(variants: dict[str, dict[str, Any]], where: str) -> dict[str,
                 "one value for every variant (set it in the base [scenario] table)",
                 values,
             )
-    return next(iter(variants.values()))["scenario"]
+    return next(iter(variants.values())).scenario
 
 
-def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
+def _folds(variants: dict[str, RunConfig], where: str) -> tuple[int, ...]:
     """``dataset.folds`` (one list for every variant: folds are paired like seeds)."""
-    lists = {tuple(cfg["dataset"]["folds"]) for cfg in variants.values()}
+    lists = {tuple(cfg.dataset.folds) for cfg in variants.values()}
     if len(lists) > 1:
         raise fail(where, "dataset.folds", "the same folds in every variant", sorted(lists))
     folds = lists.pop()
@@ -381,34 +269,32 @@ def _folds(variants: dict[str, dict[str, Any]], where: str) -> tuple[int, ...]:
         return ()
     if len(set(folds)) != len(folds):
         raise fail(where, "dataset.folds", "distinct fold numbers", list(folds))
-    if any(cfg["dataset"]["path"] is None for cfg in variants.values()):
+    if any(cfg.dataset.path is None for cfg in variants.values()):
         raise fail(where, "dataset.folds", "a dataset.path holding the FoldN directories")
     return folds
 
 
-def data_seed(cfg: dict[str, Any]) -> int | None:
-    """The seed a variant's data are drawn from (a synthetic profile, AOL users):
-    ``dataset.seed``, else the scenario seed; None when they are read as they are (LETOR
-    files). Runs of other scenario seeds share drawn data only through ``dataset.seed``."""
-    d = cfg["dataset"]
-    if d.get("path") is not None and d.get("format") != "aol4foltr":
-        return None
-    return d["seed"] if d.get("seed") is not None else cfg["scenario"]["seed"]
-
-
-def repeat_config(scenario: Scenario, cfg: dict[str, Any], repeat: int) -> dict[str, Any]:
+def repeat_config(scenario: Scenario, cfg: RunConfig, repeat: int) -> RunConfig:
     """The config repeat ``repeat`` runs: with folds, ``dataset.path`` names its fold."""
     if not scenario.folds:
         return cfg
     fold = scenario.folds[repeat % len(scenario.folds)]
-    out = copy.deepcopy(cfg)
-    out["dataset"]["path"] = str(Path(cfg["dataset"]["path"]) / f"Fold{fold}")
-    out["dataset"]["folds"] = [fold]
-    return out
+    return cfg.with_dataset(path=str(Path(cfg.dataset.path) / f"Fold{fold}"), folds=[fold])
 
 
-def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> dict[str, Any]:
-    """One variant's config with every default filled in, or a one-line ScenarioError.
+def revise(cfg: RunConfig, changes: dict[str, Any], where: str = "revised") -> RunConfig:
+    """``cfg`` with ``changes`` (tables as in a ``[variants.NAME]`` table) merged over it and
+    checked again: a variant changed from Python (a notebook, a test) passes every rule a file
+    does."""
+    raw = cfg.as_dict()
+    for group in raw["agents"]:
+        del group["role"]  # the behaviour's, not a key a file may set
+    _deep_merge(raw, changes)
+    return validate(raw, where, default_name=cfg.scenario.name)
+
+
+def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") -> RunConfig:
+    """One variant's typed config with every default filled in, or a one-line ScenarioError.
 
     Names are looked up in the registry as it is: the caller loads the protocols and plugins
     first (``foltr_async.plugins.load_plugins``; ``load_scenario`` does)."""
@@ -417,7 +303,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
     cfg: dict[str, Any] = {}
     for section, fields in SECTIONS.items():
         if section == "network":
-            cfg[section] = _network(raw.get(section, {}), where)
+            network_table, network = _network(raw.get(section, {}), where)
             continue
         if section == "federation" and section not in raw:
             raise fail(where, "federation.protocol", "a protocol name (required)")
@@ -477,11 +363,11 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         )
     _secure_aggregation(fed, where, registry)
     _partition(fed, where, proto)
-    cfg["agents"] = [
+    agents = tuple(
         _agent_group(g, i, fed["protocol"], where, registry)
         for i, g in enumerate(_list(raw.get("agents", []), where, "agents"))
-    ]
-    n_clients = fed["clients"] + sum(g["count"] for g in cfg["agents"] if g["role"] == "attacker")
+    )
+    n_clients = fed["clients"] + sum(g.count for g in agents if g.role == "attacker")
     if fed["min_clients"] > n_clients:  # no round could ever aggregate
         raise fail(
             where,
@@ -489,11 +375,19 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
             f"at most the {n_clients} clients (honest and attackers)",
             fed["min_clients"],
         )
-    cfg["timeline"] = [
+    timeline = tuple(
         _timeline_item(t, i, where, fed["rounds"], proto)
         for i, t in enumerate(_list(raw.get("timeline", []), where, "timeline"))
-    ]
-    return cfg
+    )
+    return RunConfig(
+        **{name: cls.of(cfg[name]) for name, cls in SECTION_CLASSES.items()},
+        network=network,
+        network_table=network_table,
+        agents=agents,
+        timeline=timeline,
+        params=proto.params(**fed["params"]),
+        partition=REGISTRY.partitioner.params.of(fed["partition"]) if fed["partition"] else None,
+    )
 
 
 def _secure_aggregation(fed: dict[str, Any], where: str, registry) -> None:
@@ -525,7 +419,7 @@ def _partition(fed: dict[str, Any], where: str, proto) -> None:
     fed["partition"] = check_table(fed["partition"], entry.fields, where, "federation.partition")
 
 
-def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> dict[str, Any]:
+def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> AgentGroup:
     path = f"agents[{i}]"
     if not isinstance(group, dict):
         raise fail(where, path, "a table", group)
@@ -541,11 +435,10 @@ def _agent_group(group: Any, i: int, protocol: str, where: str, registry) -> dic
             f"(it speaks {', '.join(entry.protocols)})"
         )
     out = check_table(group, {**AGENT_FIELDS, **entry.fields}, where, path)
-    out["role"] = entry.role
-    return out
+    return AgentGroup(out["behaviour"], out["count"], entry.role, entry.params.of(out), out)
 
 
-def _timeline_item(item: Any, i: int, where: str, rounds: int, proto) -> dict[str, Any]:
+def _timeline_item(item: Any, i: int, where: str, rounds: int, proto) -> TimelineItem:
     path = f"timeline[{i}]"
     out = check_table(item, TIMELINE_FIELDS, where, path)
     takes = proto.build.takes()
@@ -568,19 +461,18 @@ def _timeline_item(item: Any, i: int, where: str, rounds: int, proto) -> dict[st
         raise fail(
             where, f"{path}.agents", "a non-empty list of agent ids or group names", out["agents"]
         )
-    return out
+    return TimelineItem.of(out)
 
 
-def _network(table: Any, where: str) -> dict[str, Any]:
+def _network(table: Any, where: str) -> tuple[dict[str, Any], NetworkModel]:
     from foltr_async.runtime.network import NetworkModel
 
     if not isinstance(table, dict):
         raise fail(where, "network", "a table", table)
     try:
-        NetworkModel.from_dict(table)
+        return table, NetworkModel.from_dict(table)
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
-    return table
 
 
 def _beside(raw: dict[str, Any], folder: Path) -> None:

@@ -79,7 +79,7 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
             p.queries,
             p.qrels,
             p.run,
-            ctx.honest_clients,
+            ctx.config.federation.clients,
             p.test_fraction,
         )
     else:
@@ -92,7 +92,7 @@ def corpus_for(ctx: RunContext) -> TextCorpus:
         key = (
             "synthetic",
             seed,
-            ctx.honest_clients,
+            ctx.config.federation.clients,
             p.docs_per_party,
             p.vocab_size,
             p.topics,

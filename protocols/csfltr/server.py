@@ -82,7 +82,9 @@ class CSFLTRStrategy(Strategy):
         if self.proto.mode in ("csfltr", "global"):
             updates = np.stack([r.body["params"] for r in replies])
             weights = np.array([max(r.body["n_queries"], 1) for r in replies], dtype=np.float64)
-            self.model = self.proto.ctx.aggregator.fn(updates, weights, self.proto.ctx.n_malicious)
+            self.model = self.proto.ctx.aggregator.fn(
+                updates, weights, self.proto.ctx.config.n_attackers
+            )
         return {"parties": len(replies)}
 
     def evaluate(self) -> dict[str, float]:
@@ -138,9 +140,9 @@ class CSFLTR(ProtocolRun):
         p = ctx.params
         if p.z1 > p.z:
             raise ScenarioError(f"federation.params.z1: expected at most z = {p.z}, got {p.z1}")
-        if ctx.honest_clients < 2 and p.mode in ("csfltr", "local+"):
+        if ctx.config.federation.clients < 2 and p.mode in ("csfltr", "local+"):
             raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
-        if ctx.n_malicious:
+        if ctx.config.n_attackers:
             raise ScenarioError("agents: csfltr has no attacker roles")
         if p.schedule == "round_robin" and p.mode not in ("csfltr", "global"):
             raise ScenarioError(

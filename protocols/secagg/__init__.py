@@ -71,7 +71,7 @@ def _build(ctx, spec: Summable, settings: dict) -> SecureRun:
 
 
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
-    targets, candidates = eavesdrop._targets(ctx, group), eavesdrop.Params.of(group).candidates
+    targets, candidates = eavesdrop._targets(ctx, group), group.params.candidates
     return MaskedEavesdropper(aid, ctx, targets, rng, candidates)
 
 

@@ -21,8 +21,8 @@ class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
 
     def __init__(self, agent_id, ctx, targets, rng, candidates) -> None:
         super().__init__(agent_id, ctx, targets, rng, candidates)
-        self.batch = ctx.queries_per_client
-        self.bits = Settings(**ctx.secagg).precision_bits
+        self.batch = ctx.config.federation.queries_per_client
+        self.bits = Settings(**ctx.config.federation.secagg).precision_bits
         self.masked = 0
 
     def observe(self, header, data: bytes) -> None:
@@ -46,5 +46,5 @@ class MaskedEavesdropper(eavesdrop.FPDGDEavesdropper):
         return {
             **super().summary(),
             "masked_updates": self.masked,
-            "secure_aggregation": self.ctx.secure_aggregation,
+            "secure_aggregation": self.ctx.config.federation.secure_aggregation,
         }
