@@ -83,16 +83,22 @@ CALIBRATED = "fpdgd.calibrated"
 UNLEARNING = ("federaser", "retrain", "finetune", "pga", "fedremove", "original")
 #: the strategies that train the remaining clients after training (outside DP's accounting)
 RETRAINING = ("retrain", "finetune", "pga")
+#: the strategies the study's code runs otherwise, offered as ``<strategy>_as_code``
+AS_CODE = ("finetune", "original", "pga")
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (
-    # ``restart``: retraining's first round: the clients start their generators over
+    # ``restart``: retraining's first round: the clients start their generators over;
+    # ``batch``: fine-tuning as the study's code: the interactions each client takes (at most
+    # its partition); ``ascend``: PGA as the study's code: the forgotten clients ascend
     Kind(
         MODEL,
         {
             "params": Array("float64", ndim=1),
             "shares": Opt(Int(min=1)),
             "restart": Opt(Int(min=1, max=1)),
+            "batch": Opt(Int(min=1)),
+            "ascend": Opt(Int(min=1, max=1)),
         },
     ),
     Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
@@ -158,6 +164,25 @@ class Params:
         "fedremove: replay the remaining clients' stored updates from the initial model "
         "(updates) or set each round's model to their stored models (models: the study's code)",
         choices=("updates", "models"),
+    )
+    finetune_as_code: bool = param(
+        False,
+        "finetune as the study's code runs it: each remaining client takes as many interactions "
+        "a round as training played rounds (the code passes its round count, 1,000, as the "
+        "batch), at most its partition's size; false: B a round",
+    )
+    original_as_code: bool = param(
+        False,
+        "original as the study's code runs it: every client, the forgotten ones included (they "
+        "rejoin), trains on for unlearn_rounds rounds (0: as many as training played); false: "
+        "the model as trained",
+    )
+    pga_as_code: bool = param(
+        False,
+        "pga as the study's code runs it (pga_test): no reference model, no projection; for "
+        "unlearn_rounds rounds (0: as many as training played) every client trains, the "
+        "forgotten ones (they rejoin) taking B reversed PDGD steps on random queries of the "
+        "whole training set; false: each leaver's projected ascent, then post-training",
     )
     relevance_reset: bool = param(
         False,
@@ -225,7 +250,9 @@ class FPDGDClient(OnlineClient):
         #: its generator's first state: retraining reruns the federation from the same seeds
         self.rng_start = self.rng.bit_generator.state
         #: pga: (round, the model this client last sent) and the reference model it gives
-        self.pga = unlearns and p.unlearning == "pga"
+        self.pga = unlearns and p.unlearning == "pga" and not p.pga_as_code
+        #: it asked to be forgotten (PGA as the study's code: it ascends when it rejoins)
+        self.forgotten = False
         self.sent: tuple[int, np.ndarray] | None = None
         self.reference: np.ndarray | None = None
         # this device's time per interaction: the protocol's, scaled by the system model
@@ -274,7 +301,16 @@ class FPDGDClient(OnlineClient):
                 self.reply(env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
                 return
         else:
-            self.interactions = self.ctx.local_work(self.id, self.batch)
+            # fine-tuning as the study's code: its budget, at most the client's own queries
+            batch = env.body.get("batch")
+            batch = min(batch, len(users.queries)) if batch else self.batch
+            self.interactions = self.ctx.local_work(self.id, batch)
+        if env.body.get("ascend") and self.forgotten:
+            theta = await self.ascend_anywhere(start, self.interactions)
+            self.reply(
+                env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
+            )
+            return
         if self.pga and self.sent is not None and self.sent[0] == env.round - 1:
             # the global model without this client's last contribution (FedAvg of n equal ones)
             self.reference = reference_model(start, self.sent[1], self.ctx.n_clients)
@@ -299,6 +335,16 @@ class FPDGDClient(OnlineClient):
             n = self.calibration_steps
             update = calibrate(stored, await self.local_train(start, n) - start)
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
+
+    async def ascend_anywhere(self, start: np.ndarray, n: int) -> np.ndarray:
+        """PGA as the study's code runs it: n reversed PDGD steps from ``start`` on queries
+        drawn at random from the whole training set, not only its own."""
+        users = self.users
+        own, users.queries = users.queries, np.arange(users.train.n_queries)
+        try:
+            return await self.local_train(start, n, ascend=True)
+        finally:
+            users.queries = own
 
     async def forget(self) -> dict:
         """PGA, before it leaves: gradient ascent on its own users' clicks (PDGD's step
@@ -342,19 +388,39 @@ class FPDGDStrategy(ModelStrategy):
         self.history: list | None = None
         #: relevance reset: the relabelled training queries whose loss ``evaluate`` reports
         self.reset_queries: list[int] = []
+        #: fine-tuning as the study's code: the interactions each client is asked for
+        self.phase_batch: int | None = None
+        #: PGA as the study's code: the forgotten clients ascend, and their interactions
+        self.ascending = False
+        self.ascent_interactions = 0
 
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
         body = self.configure_round(round)
         if round == self.restart_round:
             body = {**body, "restart": 1}
+        if self.phase_batch is not None:
+            body = {**body, "batch": self.phase_batch}
+        if self.ascending:
+            body = {**body, "ascend": 1}
         if self.ctx.params.dp:
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
         return body
 
+    def screen(self, reply) -> tuple[str, str] | None:
+        """As ``ModelStrategy.screen``; fine-tuning as the study's code allows its budget."""
+        if self.phase_batch is None:
+            return super().screen(reply)
+        most = max(self.ctx.most_interactions(reply.src), self.phase_batch)
+        vectors = {"params": self.model.size}
+        return screen_reply(reply.body, vectors, self.max_abs(), {"n_interactions": most})
+
     def aggregate(self, round: int, replies: list) -> dict:
         self.interactions += sum(int(r.body["n_interactions"]) for r in replies)
+        if self.ascending:
+            forgotten = [r for r in replies if r.src in self.leavers]
+            self.ascent_interactions += sum(int(r.body["n_interactions"]) for r in forgotten)
         if self.history is not None:
             sent = [(r.src, np.array(r.body["params"]), r.body["n_interactions"]) for r in replies]
             self.history.append((self.model.copy(), sent))
@@ -448,6 +514,8 @@ class FPDGD(ProtocolRun):
             self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
+        #: the study code's original / PGA: the leavers this process holds, to rejoin them
+        self.rejoining: dict[str, Agent] = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
@@ -473,7 +541,10 @@ class FPDGD(ProtocolRun):
         if getattr(agent, "pga", False):
             body |= await agent.forget()
         agent.send("server", UNLEARN, body, self.server.plan_round)
-        await agent.leave()  # the leaver never participates again
+        if rejoins(self.ctx.params):  # the study code's original / PGA: it trains on at the end
+            agent.forgotten = True
+            self.rejoining[agent.id] = agent
+        await agent.leave()  # it takes no further part in training
 
     async def finish(self, server, reports: list) -> None:
         """Training is over: forget the leavers, if any asked, by the scenario's method."""
@@ -482,13 +553,21 @@ class FPDGD(ProtocolRun):
         leavers = self.strategy.leavers
         if not leavers:
             return
-        method = self.ctx.params.unlearning
+        p = self.ctx.params
+        method = p.unlearning
         self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
         trained_loss = self.strategy.reset_loss() if self.strategy.reset_queries else None
         if method == "federaser":
             done = await self._calibrate(server)
+        elif method == "original" and p.original_as_code:  # all clients train on
+            await self._rejoin(leavers)
+            done = await self._train_on(server, reports, None)
         elif method == "original":
             done = [], 0
+        elif method == "pga" and p.pga_as_code:
+            await self._rejoin(leavers)
+            self.strategy.ascending = True
+            done = await self._train_on(server, reports, None)
         elif method == "pga":
             done = await self._ascend_and_train(server, reports)
         elif method == "fedremove":
@@ -497,6 +576,8 @@ class FPDGD(ProtocolRun):
             self.strategy.restart_round = self.last_round + 1
             done = await self._train_on(server, reports, self.ctx.new_ranker().get_params())
         else:
+            if p.finetune_as_code:  # the study's code passes its round count as the batch
+                self.strategy.phase_batch = len(reports)
             done = await self._train_on(server, reports, None)
         if done is None:
             return
@@ -516,6 +597,8 @@ class FPDGD(ProtocolRun):
         d = self.strategy.model.size
         if method == "federaser":
             self.cost["storage_bytes_per_client"] = len(phase) * d * 8
+        if method == "pga" and p.pga_as_code:
+            self.cost["ascent_interactions"] = self.strategy.ascent_interactions
         if method == "fedremove":
             stored = sum(1 + len(sent) for _, sent in self.strategy.history)
             self.cost["storage_bytes_server"] = stored * d * 8
@@ -539,6 +622,19 @@ class FPDGD(ProtocolRun):
             "retrain_interactions": len(reports) * remaining * ctx.queries_per_client,
             "retrain_messages": 2 * len(reports) * remaining,
         }
+
+    async def _rejoin(self, leavers: dict[str, int]) -> None:
+        """The study code's original and PGA: the forgotten clients take part again."""
+        missing = sorted(set(leavers) - set(self.rejoining))
+        if missing:
+            raise ScenarioError(
+                "federation.params: original_as_code / pga_as_code rejoin the forgotten clients "
+                f"from the server's process, which does not host {missing[0]!r}; expected the "
+                "in-memory transport"
+            )
+        for aid in sorted(leavers):
+            if self.rejoining[aid].state == "left":
+                await self.rejoining[aid].rejoin()
 
     async def _calibrate(self, server) -> tuple[list, int] | None:
         """FedEraser: one calibration round per stored round, from a re-initialised model (its
@@ -657,10 +753,29 @@ class FPDGD(ProtocolRun):
         }
 
 
+def rejoins(p) -> bool:
+    """Whether the forgotten clients take part again when training ends (the study code's
+    original and PGA)."""
+    return (p.unlearning == "original" and p.original_as_code) or (
+        p.unlearning == "pga" and p.pga_as_code
+    )
+
+
 def refuse_unlearning(ctx: RunContext) -> None:
     """One line for an unlearning setting the run could not make true."""
     p, fed = ctx.params, ctx.cfg["federation"]
     key = "federation.params.unlearning"
+    for strategy in AS_CODE:
+        if getattr(p, f"{strategy}_as_code") and p.unlearning != strategy:
+            raise ScenarioError(
+                f"federation.params.{strategy}_as_code: applies to unlearning = {strategy!r} "
+                f"only, not {p.unlearning!r}"
+            )
+    if p.dp and p.unlearning == "original" and p.original_as_code:
+        raise ScenarioError(
+            "federation.params.original_as_code: with dp = true not supported (the privacy "
+            "accounting covers the training rounds only); expected dp = false"
+        )
     if p.dp and p.unlearning in RETRAINING:
         raise ScenarioError(
             f"{key}: {p.unlearning!r} with dp = true is not supported (the privacy accounting "
@@ -672,7 +787,13 @@ def refuse_unlearning(ctx: RunContext) -> None:
             f"{key}: {p.unlearning!r} needs each client's update, which secure aggregation "
             "hides; expected federation.secure_aggregation off"
         )
-    if p.unlearning == "pga" and (
+    if p.unlearning == "pga" and p.pga_as_code and ctx.data.logs is not None:
+        raise ScenarioError(
+            "federation.params.pga_as_code: its ascent draws random queries of the training "
+            "set, which a replayed log does not have; expected a LETOR dataset"
+        )
+    projected = p.unlearning == "pga" and not p.pga_as_code
+    if projected and (
         fed["participation"] < 1.0 or fed["aggregator"] != "fedavg" or ctx.data.logs is not None
     ):
         raise ScenarioError(
