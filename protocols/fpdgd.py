@@ -84,7 +84,7 @@ UNLEARNING = ("federaser", "retrain", "finetune", "pga", "fedremove", "original"
 #: the strategies that train the remaining clients after training (outside DP's accounting)
 RETRAINING = ("retrain", "finetune", "pga")
 #: the strategies the study's code runs otherwise, offered as ``<strategy>_as_code``
-AS_CODE = ("finetune", "original", "pga")
+AS_CODE = ("federaser", "finetune", "original", "pga")
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (
@@ -165,6 +165,14 @@ class Params:
         "(updates) or set each round's model to their stored models (models: the study's code)",
         choices=("updates", "models"),
     )
+    federaser_as_code: bool = param(
+        False,
+        "federaser as the study's code runs it: the server stores every round's models; from "
+        "the initial model it rebuilds one round per training round, the remaining clients "
+        "training one after another on one model (each from the previous one's), calibrated "
+        "every fifth round, averaged otherwise; the result is the trained model plus lr x the "
+        "sum of every rebuilt model; false: one calibration round per stored round",
+    )
     finetune_as_code: bool = param(
         False,
         "finetune as the study's code runs it: each remaining client takes as many interactions "
@@ -242,10 +250,9 @@ class FPDGDClient(OnlineClient):
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
         unlearns = self.unlearns and UNLEARN_ACTION in ctx.timeline_actions
-        self.store_every = p.store_every if unlearns and p.unlearning == "federaser" else None
-        self.calibration_steps = (
-            p.calibration_steps if unlearns and p.unlearning == "federaser" else None
-        )
+        calibrates = unlearns and p.unlearning == "federaser" and not p.federaser_as_code
+        self.store_every = p.store_every if calibrates else None
+        self.calibration_steps = p.calibration_steps if calibrates else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         #: its generator's first state: retraining reruns the federation from the same seeds
         self.rng_start = self.rng.bit_generator.state
@@ -489,6 +496,96 @@ class CalibrationStrategy(Strategy):
         return self.base.evaluate()
 
 
+class ChainStrategy(Strategy):
+    """FedEraser as the study's code runs it (``federaser_as_code``), from the server's stored
+    rounds (``FPDGDStrategy.history``): rebuilt model U0 is the initial model, U1 the mean of
+    the remaining clients' models of training round 1; for each later training round t the
+    remaining clients, in id order, train B interactions one after another, each from the
+    model the previous one sent (the code's clients share one weight array, so Ut itself ends
+    as the last client's model); U(t+1) is the mean of their models, or, when t is a multiple
+    of 5, the last client's model plus the mean of their models minus it, rescaled to the
+    length of the stored round's mean update (mean of the remaining clients' stored models
+    minus round t's global model). The result is the trained model plus lr times the sum of
+    every U. One engine round per client's turn; evaluations show the code's curve (the
+    trained model plus lr times the sum of the rebuilt models so far)."""
+
+    broadcast_kind = MODEL
+    reply_kind = UPDATE
+
+    def __init__(self, base: FPDGDStrategy, history: list, forgotten: set[str], trained) -> None:
+        self.base = base
+        self.history = history
+        self.forgotten = forgotten
+        self.order = sorted({c for _, sent in history for c, _, _ in sent} - forgotten)
+        self.trained = np.array(trained, dtype=np.float64)
+        self.lr = base.ctx.params.lr
+        first = [m for c, m, _ in history[0][1] if c not in forgotten]
+        start = history[0][0]
+        self.rebuilt = [start.copy(), np.mean(first, axis=0) if first else start.copy()]
+        #: the model of the round being rebuilt as its clients train it, and what they sent
+        self.chain = self.rebuilt[-1].copy()
+        self.sent: list[np.ndarray] = []
+        self.rounds = (len(history) - 1) * len(self.order)
+        self.first_round = 0
+        self.round = 0
+        self.interactions = 0
+        self.done = False
+        base.model = self.trained + self.lr * self.rebuilt[0]
+
+    def select(self, round, candidates, rng, plan) -> list[str]:
+        """The next remaining client's turn (nobody when it is offline)."""
+        i = round - self.first_round
+        if i and i % len(self.order) == 0:
+            self._close()
+        self.round = round
+        client = self.order[i % len(self.order)]
+        return [client] if client in candidates else []
+
+    def configure_round(self, round: int) -> dict:
+        return {"params": self.chain}
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        return self.base.screen(reply)
+
+    def aggregate(self, round: int, replies: list) -> dict:
+        for r in replies:
+            self.chain = np.array(r.body["params"], dtype=np.float64)
+            self.sent.append(self.chain)
+            self.interactions += int(r.body["n_interactions"])
+        return {"clients": len(replies)}
+
+    def _close(self) -> None:
+        """The rebuilt round is over: Ut ends as the chain's last model; U(t+1) follows."""
+        t = len(self.rebuilt) - 1
+        self.rebuilt[-1] = last = self.chain
+        if not self.sent:
+            nxt = last.copy()
+        elif t % 5 == 0:
+            start, stored = self.history[t]
+            old = [m for c, m, _ in stored if c not in self.forgotten]
+            step = np.mean(old, axis=0) - start if old else np.zeros_like(start)
+            nxt = last + calibrate(step, np.mean(self.sent, axis=0) - last)
+        else:
+            nxt = np.mean(self.sent, axis=0)
+        self.rebuilt.append(nxt)
+        self.chain, self.sent = nxt.copy(), []
+        self.base.model = self.trained + self.lr * np.sum(self.rebuilt[:-1], axis=0)
+
+    def finalise(self) -> None:
+        """The last rebuilt round closed: the trained model plus lr times every U."""
+        if self.done:
+            return
+        if self.rounds:
+            self._close()
+        self.done = True
+        self.base.model = self.trained + self.lr * np.sum(self.rebuilt, axis=0)
+
+    def evaluate(self) -> dict[str, float]:
+        if self.round == self.first_round + self.rounds - 1:
+            self.finalise()
+        return self.base.evaluate()
+
+
 class FPDGD(ProtocolRun):
     """FPDGD with unlearning: a client may ask to be forgotten (at any round; it stops taking
     part at once), and when training ends the run forgets the leavers by ``unlearning``: a
@@ -510,7 +607,9 @@ class FPDGD(ProtocolRun):
         refuse_unlearning(ctx)
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
-        if ctx.params.unlearning == "fedremove" and UNLEARN_ACTION in ctx.timeline_actions:
+        # the server stores every round (federaser_as_code applies to federaser alone)
+        stores = ctx.params.unlearning == "fedremove" or ctx.params.federaser_as_code
+        if stores and UNLEARN_ACTION in ctx.timeline_actions:
             self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
@@ -557,7 +656,9 @@ class FPDGD(ProtocolRun):
         method = p.unlearning
         self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
         trained_loss = self.strategy.reset_loss() if self.strategy.reset_queries else None
-        if method == "federaser":
+        if method == "federaser" and p.federaser_as_code:
+            done = await self._rebuild(server, set(leavers))
+        elif method == "federaser":
             done = await self._calibrate(server)
         elif method == "original" and p.original_as_code:  # all clients train on
             await self._rejoin(leavers)
@@ -595,11 +696,11 @@ class FPDGD(ProtocolRun):
             **self._retrain_cost(reports, len(leavers)),
         }
         d = self.strategy.model.size
-        if method == "federaser":
+        if method == "federaser" and not p.federaser_as_code:
             self.cost["storage_bytes_per_client"] = len(phase) * d * 8
         if method == "pga" and p.pga_as_code:
             self.cost["ascent_interactions"] = self.strategy.ascent_interactions
-        if method == "fedremove":
+        if self.strategy.history is not None:  # fedremove, federaser as the study's code
             stored = sum(1 + len(sent) for _, sent in self.strategy.history)
             self.cost["storage_bytes_server"] = stored * d * 8
         if trained_loss is not None:
@@ -663,6 +764,28 @@ class FPDGD(ProtocolRun):
             server, reports, weights @ models / weights.sum()
         )
         return phase, interactions + sum(n for _, n in ascended.values())
+
+    async def _rebuild(self, server, leavers: set[str]) -> tuple[list, int] | None:
+        """FedEraser as the study's code: one round per remaining client's turn of every
+        rebuilt training round after the first (None when no round was stored)."""
+        history = self.strategy.history
+        if not history:
+            self.ctx.emit("unlearn_skipped", reason="no aggregated round stored")
+            return None
+        rebuild = ChainStrategy(self.strategy, history, leavers, self.strategy.model)
+        rebuild.first_round = self.last_round + 1
+        if rebuild.rounds == 0:
+            rebuild.finalise()
+            return [], 0
+        every = len(rebuild.order) * server.plan.eval_every  # evaluated once per rebuilt round
+        plan = replace(server.plan, rounds=rebuild.rounds, eval_every=every, min_clients=1)
+        waits, server.wait_empty = server.wait_empty, False  # an offline client's turn: skipped
+        try:
+            phase = await server.run_rounds(rebuild, plan, first_round=rebuild.first_round)
+        finally:
+            server.wait_empty = waits
+        rebuild.finalise()
+        return phase, rebuild.interactions
 
     async def _replay(self, server, leavers: set[str]) -> tuple[list, int] | None:
         """FedRemove: one server-side round per stored training round, no client asked."""
@@ -771,10 +894,17 @@ def refuse_unlearning(ctx: RunContext) -> None:
                 f"federation.params.{strategy}_as_code: applies to unlearning = {strategy!r} "
                 f"only, not {p.unlearning!r}"
             )
-    if p.dp and p.unlearning == "original" and p.original_as_code:
+    for name in ("original_as_code", "federaser_as_code"):
+        if p.dp and getattr(p, name):
+            raise ScenarioError(
+                f"federation.params.{name}: with dp = true not supported (the privacy "
+                "accounting covers the training rounds only); expected dp = false"
+            )
+    if p.federaser_as_code and (fed["participation"] < 1.0 or ctx.secure_aggregation):
         raise ScenarioError(
-            "federation.params.original_as_code: with dp = true not supported (the privacy "
-            "accounting covers the training rounds only); expected dp = false"
+            "federation.params.federaser_as_code: the study's code rebuilds from every "
+            "client's model of every round; expected participation = 1 and "
+            "federation.secure_aggregation off"
         )
     if p.dp and p.unlearning in RETRAINING:
         raise ScenarioError(

@@ -233,3 +233,60 @@ def test_a_code_variant_of_another_strategy_is_refused_in_one_line():
     )
     with pytest.raises(ScenarioError, match="original_as_code: with dp = true not supported"):
         run(Simulation(sc.variants["7H-3M-original"], 1, Observer()).run())
+
+
+def test_federaser_as_code_rebuilds_round_by_round_with_clients_in_a_chain(monkeypatch):
+    """The study's FedEraser: U0 the initial model, U1 the remaining clients' mean of round 1;
+    every later round the remaining clients train one after another from the previous one's
+    model (Ut ends as the last one's), U(t+1) their mean, calibrated every fifth round; the
+    result is the trained model plus lr x the sum of every U."""
+    from foltr_async.protocols import fpdgd
+
+    seen: dict = {"sent": {}, "got": {}}
+    init, configure, aggregate = (
+        fpdgd.ChainStrategy.__init__,
+        fpdgd.ChainStrategy.configure_round,
+        fpdgd.ChainStrategy.aggregate,
+    )
+
+    def spy_init(self, base, history, forgotten, trained):
+        seen["trained"], seen["history"] = np.array(trained), history
+        init(self, base, history, forgotten, trained)
+
+    def spy_configure(self, round):
+        body = configure(self, round)
+        seen["sent"][round] = np.array(body["params"])
+        return body
+
+    def spy_aggregate(self, round, replies):
+        seen["got"][round] = [np.array(r.body["params"]) for r in replies]
+        return aggregate(self, round, replies)
+
+    monkeypatch.setattr(fpdgd.ChainStrategy, "__init__", spy_init)
+    monkeypatch.setattr(fpdgd.ChainStrategy, "configure_round", spy_configure)
+    monkeypatch.setattr(fpdgd.ChainStrategy, "aggregate", spy_aggregate)
+    _, result = as_code("federaser", 12, "federation.params.federaser_as_code=true")
+    cost = result["unlearning"]
+    assert cost["rounds"] == 11 * 7 and cost["interactions"] == 11 * 7 * 5  # a turn each
+    assert cost["messages"] == 2 * 11 * 7
+    history = seen["history"]
+    assert len(history) == 12
+    kept = [[m for c, m, _ in sent if c not in LEAVERS] for _, sent in history]
+    got = [seen["got"][12 + i][0] for i in range(1, 78)]  # every turn replied
+    sent = [seen["sent"][12 + i] for i in range(1, 78)]
+    u = [history[0][0], np.mean(kept[0], axis=0)]  # U0, U1
+    for t in range(1, 12):
+        turns = got[(t - 1) * 7 : t * 7]
+        assert np.array_equal(sent[(t - 1) * 7], u[t])  # its first client starts from Ut
+        for k in range(1, 7):  # each later client from the previous one's model
+            assert np.array_equal(sent[(t - 1) * 7 + k], turns[k - 1])
+        u[t] = last = turns[-1]  # the shared array: Ut ends as the last client's model
+        mean = np.mean(turns, axis=0)
+        if t % 5 == 0:
+            old = np.mean(kept[t], axis=0) - history[t][0]
+            new = mean - last
+            u.append(last + np.linalg.norm(old) * new / np.linalg.norm(new))
+        else:
+            u.append(mean)
+    expected = seen["trained"] + 0.1 * np.sum(u, axis=0)
+    assert np.allclose(cost["final_model"], expected, rtol=0, atol=1e-12)
