@@ -730,8 +730,8 @@ class FPDGD(ProtocolRun):
         if missing:
             raise ScenarioError(
                 "federation.params: original_as_code / pga_as_code rejoin the forgotten clients "
-                f"from the server's process, which does not host {missing[0]!r}; expected the "
-                "in-memory transport"
+                f"from the server's process, which does not host {missing[0]!r} (a ZeroMQ "
+                "worker's honest client); expected the in-memory transport"
             )
         for aid in sorted(leavers):
             if self.rejoining[aid].state == "left":
