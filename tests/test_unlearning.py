@@ -233,6 +233,10 @@ def test_a_code_variant_of_another_strategy_is_refused_in_one_line():
     )
     with pytest.raises(ScenarioError, match="original_as_code: with dp = true not supported"):
         run(Simulation(sc.variants["7H-3M-original"], 1, Observer()).run())
+    coded = "federation.params.federaser_as_code=true"
+    sc = load_scenario(STRATEGIES, ["federation.rounds=2", coded, "federation.participation=0.5"])
+    with pytest.raises(ScenarioError, match="federaser_as_code: the study's code rebuilds"):
+        run(Simulation(sc.variants["7H-3M-federaser"], 1, Observer()).run())
 
 
 def test_federaser_as_code_rebuilds_round_by_round_with_clients_in_a_chain(monkeypatch):
