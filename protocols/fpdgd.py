@@ -83,16 +83,22 @@ CALIBRATED = "fpdgd.calibrated"
 UNLEARNING = ("federaser", "retrain", "finetune", "pga", "fedremove", "original")
 #: the strategies that train the remaining clients after training (outside DP's accounting)
 RETRAINING = ("retrain", "finetune", "pga")
+#: the strategies the study's code runs otherwise, offered as ``<strategy>_as_code``
+AS_CODE = ("federaser", "finetune", "original", "pga")
 #: ``shares``: with DP, how many clients this round's noise is split over (the round's clients)
 #: its message kinds and their schemas (``PROVIDES`` hands them to ``load_plugins``)
 KINDS = (
-    # ``restart``: retraining's first round: the clients start their generators over
+    # ``restart``: retraining's first round: the clients start their generators over;
+    # ``batch``: fine-tuning as the study's code: the interactions each client takes (at most
+    # its partition); ``ascend``: PGA as the study's code: the forgotten clients ascend
     Kind(
         MODEL,
         {
             "params": Array("float64", ndim=1),
             "shares": Opt(Int(min=1)),
             "restart": Opt(Int(min=1, max=1)),
+            "batch": Opt(Int(min=1)),
+            "ascend": Opt(Int(min=1, max=1)),
         },
     ),
     Kind(UPDATE, {"params": Array("float64", ndim=1), "n_interactions": Int(min=0)}),
@@ -159,6 +165,33 @@ class Params:
         "(updates) or set each round's model to their stored models (models: the study's code)",
         choices=("updates", "models"),
     )
+    federaser_as_code: bool = param(
+        False,
+        "federaser as the study's code runs it: the server stores every round's models; from "
+        "the initial model it rebuilds one round per training round, the remaining clients "
+        "training one after another on one model (each from the previous one's), calibrated "
+        "every fifth round, averaged otherwise; the result is the trained model plus lr x the "
+        "sum of every rebuilt model; false: one calibration round per stored round",
+    )
+    finetune_as_code: bool = param(
+        False,
+        "finetune as the study's code runs it: each remaining client takes as many interactions "
+        "a round as training played rounds (the code passes its round count, 1,000, as the "
+        "batch), at most its partition's size; false: B a round",
+    )
+    original_as_code: bool = param(
+        False,
+        "original as the study's code runs it: every client, the forgotten ones included (they "
+        "rejoin), trains on for unlearn_rounds rounds (0: as many as training played); false: "
+        "the model as trained",
+    )
+    pga_as_code: bool = param(
+        False,
+        "pga as the study's code runs it (pga_test): no reference model, no projection; for "
+        "unlearn_rounds rounds (0: as many as training played) every client trains, the "
+        "forgotten ones (they rejoin) taking B reversed PDGD steps on random queries of the "
+        "whole training set; false: each leaver's projected ascent, then post-training",
+    )
     relevance_reset: bool = param(
         False,
         "before training, relabel the leavers' queries of above-median loss upside down (the "
@@ -217,15 +250,16 @@ class FPDGDClient(OnlineClient):
         # updates are stored for unlearning only in runs whose timeline may ask for it: 1000
         # clients' MLP(64) updates every 10 rounds held 2.5 GB by round 1000
         unlearns = self.unlearns and UNLEARN_ACTION in ctx.config.timeline_actions
-        self.store_every = p.store_every if unlearns and p.unlearning == "federaser" else None
-        self.calibration_steps = (
-            p.calibration_steps if unlearns and p.unlearning == "federaser" else None
-        )
+        calibrates = unlearns and p.unlearning == "federaser" and not p.federaser_as_code
+        self.store_every = p.store_every if calibrates else None
+        self.calibration_steps = p.calibration_steps if calibrates else None
         self.stored: dict[int, np.ndarray] = {}  # unlearning: round -> this client's update
         #: its generator's first state: retraining reruns the federation from the same seeds
         self.rng_start = self.rng.bit_generator.state
         #: pga: (round, the model this client last sent) and the reference model it gives
-        self.pga = unlearns and p.unlearning == "pga"
+        self.pga = unlearns and p.unlearning == "pga" and not p.pga_as_code
+        #: it asked to be forgotten (PGA as the study's code: it ascends when it rejoins)
+        self.forgotten = False
         self.sent: tuple[int, np.ndarray] | None = None
         self.reference: np.ndarray | None = None
         # this device's time per interaction: the protocol's, scaled by the system model
@@ -274,7 +308,16 @@ class FPDGDClient(OnlineClient):
                 self.reply(env.src, UPDATE, {"params": start, "n_interactions": 0}, env.round)
                 return
         else:
-            self.interactions = self.ctx.local_work(self.id, self.batch)
+            # fine-tuning as the study's code: its budget, at most the client's own queries
+            batch = env.body.get("batch")
+            batch = min(batch, len(users.queries)) if batch else self.batch
+            self.interactions = self.ctx.local_work(self.id, batch)
+        if env.body.get("ascend") and self.forgotten:
+            theta = await self.ascend_anywhere(start, self.interactions)
+            self.reply(
+                env.src, UPDATE, {"params": theta, "n_interactions": self.interactions}, env.round
+            )
+            return
         if self.pga and self.sent is not None and self.sent[0] == env.round - 1:
             # the global model without this client's last contribution (FedAvg of n equal ones)
             self.reference = reference_model(start, self.sent[1], self.ctx.config.n_clients)
@@ -299,6 +342,16 @@ class FPDGDClient(OnlineClient):
             n = self.calibration_steps
             update = calibrate(stored, await self.local_train(start, n) - start)
         self.send(env.src, CALIBRATED, {"update": update, "n_interactions": n}, env.round)
+
+    async def ascend_anywhere(self, start: np.ndarray, n: int) -> np.ndarray:
+        """PGA as the study's code runs it: n reversed PDGD steps from ``start`` on queries
+        drawn at random from the whole training set, not only its own."""
+        users = self.users
+        own, users.queries = users.queries, np.arange(users.train.n_queries)
+        try:
+            return await self.local_train(start, n, ascend=True)
+        finally:
+            users.queries = own
 
     async def forget(self) -> dict:
         """PGA, before it leaves: gradient ascent on its own users' clicks (PDGD's step
@@ -342,19 +395,39 @@ class FPDGDStrategy(ModelStrategy):
         self.history: list | None = None
         #: relevance reset: the relabelled training queries whose loss ``evaluate`` reports
         self.reset_queries: list[int] = []
+        #: fine-tuning as the study's code: the interactions each client is asked for
+        self.phase_batch: int | None = None
+        #: PGA as the study's code: the forgotten clients ascend, and their interactions
+        self.ascending = False
+        self.ascent_interactions = 0
 
     def configure_for(self, round: int, participants: list[str]) -> dict:
         """With DP the model carries how many clients share the round's noise: its clients."""
         body = self.configure_round(round)
         if round == self.restart_round:
             body = {**body, "restart": 1}
+        if self.phase_batch is not None:
+            body = {**body, "batch": self.phase_batch}
+        if self.ascending:
+            body = {**body, "ascend": 1}
         if self.ctx.params.dp:
             self.shares[round] = len(participants)
             body = {**body, "shares": len(participants)}
         return body
 
+    def screen(self, reply) -> tuple[str, str] | None:
+        """As ``ModelStrategy.screen``; fine-tuning as the study's code allows its budget."""
+        if self.phase_batch is None:
+            return super().screen(reply)
+        most = max(self.ctx.most_interactions(reply.src), self.phase_batch)
+        vectors = {"params": self.model.size}
+        return screen_reply(reply.body, vectors, self.max_abs(), {"n_interactions": most})
+
     def aggregate(self, round: int, replies: list) -> dict:
         self.interactions += sum(int(r.body["n_interactions"]) for r in replies)
+        if self.ascending:
+            forgotten = [r for r in replies if r.src in self.leavers]
+            self.ascent_interactions += sum(int(r.body["n_interactions"]) for r in forgotten)
         if self.history is not None:
             sent = [(r.src, np.array(r.body["params"]), r.body["n_interactions"]) for r in replies]
             self.history.append((self.model.copy(), sent))
@@ -423,6 +496,96 @@ class CalibrationStrategy(Strategy):
         return self.base.evaluate()
 
 
+class ChainStrategy(Strategy):
+    """FedEraser as the study's code runs it (``federaser_as_code``), from the server's stored
+    rounds (``FPDGDStrategy.history``): rebuilt model U0 is the initial model, U1 the mean of
+    the remaining clients' models of training round 1; for each later training round t the
+    remaining clients, in id order, train B interactions one after another, each from the
+    model the previous one sent (the code's clients share one weight array, so Ut itself ends
+    as the last client's model); U(t+1) is the mean of their models, or, when t is a multiple
+    of 5, the last client's model plus the mean of their models minus it, rescaled to the
+    length of the stored round's mean update (mean of the remaining clients' stored models
+    minus round t's global model). The result is the trained model plus lr times the sum of
+    every U. One engine round per client's turn; evaluations show the code's curve (the
+    trained model plus lr times the sum of the rebuilt models so far)."""
+
+    broadcast_kind = MODEL
+    reply_kind = UPDATE
+
+    def __init__(self, base: FPDGDStrategy, history: list, forgotten: set[str], trained) -> None:
+        self.base = base
+        self.history = history
+        self.forgotten = forgotten
+        self.order = sorted({c for _, sent in history for c, _, _ in sent} - forgotten)
+        self.trained = np.array(trained, dtype=np.float64)
+        self.lr = base.ctx.params.lr
+        first = [m for c, m, _ in history[0][1] if c not in forgotten]
+        start = history[0][0]
+        self.rebuilt = [start.copy(), np.mean(first, axis=0) if first else start.copy()]
+        #: the model of the round being rebuilt as its clients train it, and what they sent
+        self.chain = self.rebuilt[-1].copy()
+        self.sent: list[np.ndarray] = []
+        self.rounds = (len(history) - 1) * len(self.order)
+        self.first_round = 0
+        self.round = 0
+        self.interactions = 0
+        self.done = False
+        base.model = self.trained + self.lr * self.rebuilt[0]
+
+    def select(self, round, candidates, rng, plan) -> list[str]:
+        """The next remaining client's turn (nobody when it is offline)."""
+        i = round - self.first_round
+        if i and i % len(self.order) == 0:
+            self._close()
+        self.round = round
+        client = self.order[i % len(self.order)]
+        return [client] if client in candidates else []
+
+    def configure_round(self, round: int) -> dict:
+        return {"params": self.chain}
+
+    def screen(self, reply) -> tuple[str, str] | None:
+        return self.base.screen(reply)
+
+    def aggregate(self, round: int, replies: list) -> dict:
+        for r in replies:
+            self.chain = np.array(r.body["params"], dtype=np.float64)
+            self.sent.append(self.chain)
+            self.interactions += int(r.body["n_interactions"])
+        return {"clients": len(replies)}
+
+    def _close(self) -> None:
+        """The rebuilt round is over: Ut ends as the chain's last model; U(t+1) follows."""
+        t = len(self.rebuilt) - 1
+        self.rebuilt[-1] = last = self.chain
+        if not self.sent:
+            nxt = last.copy()
+        elif t % 5 == 0:
+            start, stored = self.history[t]
+            old = [m for c, m, _ in stored if c not in self.forgotten]
+            step = np.mean(old, axis=0) - start if old else np.zeros_like(start)
+            nxt = last + calibrate(step, np.mean(self.sent, axis=0) - last)
+        else:
+            nxt = np.mean(self.sent, axis=0)
+        self.rebuilt.append(nxt)
+        self.chain, self.sent = nxt.copy(), []
+        self.base.model = self.trained + self.lr * np.sum(self.rebuilt[:-1], axis=0)
+
+    def finalise(self) -> None:
+        """The last rebuilt round closed: the trained model plus lr times every U."""
+        if self.done:
+            return
+        if self.rounds:
+            self._close()
+        self.done = True
+        self.base.model = self.trained + self.lr * np.sum(self.rebuilt, axis=0)
+
+    def evaluate(self) -> dict[str, float]:
+        if self.round == self.first_round + self.rounds - 1:
+            self.finalise()
+        return self.base.evaluate()
+
+
 class FPDGD(ProtocolRun):
     """FPDGD with unlearning: a client may ask to be forgotten (at any round; it stops taking
     part at once), and when training ends the run forgets the leavers by ``unlearning``: a
@@ -444,10 +607,14 @@ class FPDGD(ProtocolRun):
         refuse_unlearning(ctx)
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
-        if ctx.params.unlearning == "fedremove" and UNLEARN_ACTION in ctx.config.timeline_actions:
+        # the server stores every round (federaser_as_code applies to federaser alone)
+        stores = ctx.params.unlearning == "fedremove" or ctx.params.federaser_as_code
+        if stores and UNLEARN_ACTION in ctx.config.timeline_actions:
             self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
+        #: the study code's original / PGA: the leavers this process holds, to rejoin them
+        self.rejoining: dict[str, Agent] = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
@@ -473,7 +640,10 @@ class FPDGD(ProtocolRun):
         if getattr(agent, "pga", False):
             body |= await agent.forget()
         agent.send("server", UNLEARN, body, self.server.plan_round)
-        await agent.leave()  # the leaver never participates again
+        if rejoins(self.ctx.params):  # the study code's original / PGA: it trains on at the end
+            agent.forgotten = True
+            self.rejoining[agent.id] = agent
+        await agent.leave()  # it takes no further part in training
 
     async def finish(self, server, reports: list) -> None:
         """Training is over: forget the leavers, if any asked, by the scenario's method."""
@@ -482,13 +652,23 @@ class FPDGD(ProtocolRun):
         leavers = self.strategy.leavers
         if not leavers:
             return
-        method = self.ctx.params.unlearning
+        p = self.ctx.params
+        method = p.unlearning
         self.ctx.emit("unlearn_start", clients=sorted(leavers), strategy=method)
         trained_loss = self.strategy.reset_loss() if self.strategy.reset_queries else None
-        if method == "federaser":
+        if method == "federaser" and p.federaser_as_code:
+            done = await self._rebuild(server, set(leavers))
+        elif method == "federaser":
             done = await self._calibrate(server)
+        elif method == "original" and p.original_as_code:  # all clients train on
+            await self._rejoin(leavers)
+            done = await self._train_on(server, reports, None)
         elif method == "original":
             done = [], 0
+        elif method == "pga" and p.pga_as_code:
+            await self._rejoin(leavers)
+            self.strategy.ascending = True
+            done = await self._train_on(server, reports, None)
         elif method == "pga":
             done = await self._ascend_and_train(server, reports)
         elif method == "fedremove":
@@ -497,6 +677,8 @@ class FPDGD(ProtocolRun):
             self.strategy.restart_round = self.last_round + 1
             done = await self._train_on(server, reports, self.ctx.new_ranker().get_params())
         else:
+            if p.finetune_as_code:  # the study's code passes its round count as the batch
+                self.strategy.phase_batch = len(reports)
             done = await self._train_on(server, reports, None)
         if done is None:
             return
@@ -514,9 +696,11 @@ class FPDGD(ProtocolRun):
             **self._retrain_cost(reports, len(leavers)),
         }
         d = self.strategy.model.size
-        if method == "federaser":
+        if method == "federaser" and not p.federaser_as_code:
             self.cost["storage_bytes_per_client"] = len(phase) * d * 8
-        if method == "fedremove":
+        if method == "pga" and p.pga_as_code:
+            self.cost["ascent_interactions"] = self.strategy.ascent_interactions
+        if self.strategy.history is not None:  # fedremove, federaser as the study's code
             stored = sum(1 + len(sent) for _, sent in self.strategy.history)
             self.cost["storage_bytes_server"] = stored * d * 8
         if trained_loss is not None:
@@ -541,6 +725,19 @@ class FPDGD(ProtocolRun):
             * ctx.config.federation.queries_per_client,
             "retrain_messages": 2 * len(reports) * remaining,
         }
+
+    async def _rejoin(self, leavers: dict[str, int]) -> None:
+        """The study code's original and PGA: the forgotten clients take part again."""
+        missing = sorted(set(leavers) - set(self.rejoining))
+        if missing:
+            raise ScenarioError(
+                "federation.params: original_as_code / pga_as_code rejoin the forgotten clients "
+                f"from the server's process, which does not host {missing[0]!r} (a ZeroMQ "
+                "worker's honest client); expected the in-memory transport"
+            )
+        for aid in sorted(leavers):
+            if self.rejoining[aid].state == "left":
+                await self.rejoining[aid].rejoin()
 
     async def _calibrate(self, server) -> tuple[list, int] | None:
         """FedEraser: one calibration round per stored round, from a re-initialised model (its
@@ -569,6 +766,28 @@ class FPDGD(ProtocolRun):
             server, reports, weights @ models / weights.sum()
         )
         return phase, interactions + sum(n for _, n in ascended.values())
+
+    async def _rebuild(self, server, leavers: set[str]) -> tuple[list, int] | None:
+        """FedEraser as the study's code: one round per remaining client's turn of every
+        rebuilt training round after the first (None when no round was stored)."""
+        history = self.strategy.history
+        if not history:
+            self.ctx.emit("unlearn_skipped", reason="no aggregated round stored")
+            return None
+        rebuild = ChainStrategy(self.strategy, history, leavers, self.strategy.model)
+        rebuild.first_round = self.last_round + 1
+        if rebuild.rounds == 0:
+            rebuild.finalise()
+            return [], 0
+        every = len(rebuild.order) * server.plan.eval_every  # evaluated once per rebuilt round
+        plan = replace(server.plan, rounds=rebuild.rounds, eval_every=every, min_clients=1)
+        waits, server.wait_empty = server.wait_empty, False  # an offline client's turn: skipped
+        try:
+            phase = await server.run_rounds(rebuild, plan, first_round=rebuild.first_round)
+        finally:
+            server.wait_empty = waits
+        rebuild.finalise()
+        return phase, rebuild.interactions
 
     async def _replay(self, server, leavers: set[str]) -> tuple[list, int] | None:
         """FedRemove: one server-side round per stored training round, no client asked."""
@@ -659,10 +878,36 @@ class FPDGD(ProtocolRun):
         }
 
 
+def rejoins(p) -> bool:
+    """Whether the forgotten clients take part again when training ends (the study code's
+    original and PGA)."""
+    return (p.unlearning == "original" and p.original_as_code) or (
+        p.unlearning == "pga" and p.pga_as_code
+    )
+
+
 def refuse_unlearning(ctx: RunContext) -> None:
     """One line for an unlearning setting the run could not make true."""
     p, fed = ctx.params, ctx.config.federation
     key = "federation.params.unlearning"
+    for strategy in AS_CODE:
+        if getattr(p, f"{strategy}_as_code") and p.unlearning != strategy:
+            raise ScenarioError(
+                f"federation.params.{strategy}_as_code: applies to unlearning = {strategy!r} "
+                f"only, not {p.unlearning!r}"
+            )
+    for name in ("original_as_code", "federaser_as_code"):
+        if p.dp and getattr(p, name):
+            raise ScenarioError(
+                f"federation.params.{name}: with dp = true not supported (the privacy "
+                "accounting covers the training rounds only); expected dp = false"
+            )
+    if p.federaser_as_code and (fed.participation < 1.0 or fed.secure_aggregation):
+        raise ScenarioError(
+            "federation.params.federaser_as_code: the study's code rebuilds from every "
+            "client's model of every round; expected participation = 1 and "
+            "federation.secure_aggregation off"
+        )
     if p.dp and p.unlearning in RETRAINING:
         raise ScenarioError(
             f"{key}: {p.unlearning!r} with dp = true is not supported (the privacy accounting "
@@ -674,7 +919,13 @@ def refuse_unlearning(ctx: RunContext) -> None:
             f"{key}: {p.unlearning!r} needs each client's update, which secure aggregation "
             "hides; expected federation.secure_aggregation off"
         )
-    if p.unlearning == "pga" and (
+    if p.unlearning == "pga" and p.pga_as_code and ctx.data.logs is not None:
+        raise ScenarioError(
+            "federation.params.pga_as_code: its ascent draws random queries of the training "
+            "set, which a replayed log does not have; expected a LETOR dataset"
+        )
+    projected = p.unlearning == "pga" and not p.pga_as_code
+    if projected and (
         fed.participation < 1.0 or fed.aggregator != "fedavg" or ctx.data.logs is not None
     ):
         raise ScenarioError(

@@ -7,6 +7,7 @@ import pytest
 
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.observer import Observer
+from foltr_async.runtime.agent import client_id
 from foltr_async.runtime.clock import run
 from foltr_async.scenario.load import load_scenario
 from foltr_async.simulation import Simulation
@@ -160,3 +161,136 @@ def test_pga_and_fedremove_refuse_what_they_cannot_make_true():
     )
     with pytest.raises(ScenarioError, match="relevance_reset: expected a timeline 'unlearn'"):
         run(Simulation(sc.variants["7H-0M"], 1, Observer()).run())
+
+
+def as_code(name: str, rounds: int, *extra: str):
+    """Variant 7H-3M-``name`` of the strategies scenario, its simulation and its results."""
+    sc = load_scenario(STRATEGIES, [f"federation.rounds={rounds}", *extra])
+    sim = Simulation(sc.variants[f"7H-3M-{name}"], 1, Observer())
+    return sim, run(sim.run())
+
+
+LEAVERS = ("client-0007", "client-0008", "client-0009")
+
+
+def test_finetune_as_code_takes_the_round_count_of_interactions_capped_by_the_partition():
+    """The study's code passes its round count as the batch: each remaining client takes that
+    many interactions a round, its whole partition (102 queries here) when smaller."""
+    two = "federation.params.unlearn_rounds=2"
+    _, plain = as_code("finetune", 20, two)
+    sim, coded = as_code("finetune", 20, two, "federation.params.finetune_as_code=true")
+    own = {len(sim.agents[client_id(i)].users.queries) for i in range(7)}
+    assert own == {102}
+    assert plain["unlearning"]["interactions"] == 2 * 7 * 5  # B = 5 a round
+    assert coded["unlearning"]["interactions"] == 2 * 7 * 20  # 20 training rounds
+    assert coded["unlearning"]["messages"] == plain["unlearning"]["messages"] == 2 * 2 * 7
+    assert coded["unlearning"]["final_model"] != plain["unlearning"]["final_model"]
+    _, capped = as_code("finetune", 110, two, "federation.params.finetune_as_code=true")
+    assert capped["unlearning"]["interactions"] == 2 * 7 * 102  # the partition, not 110
+
+
+def test_original_as_code_trains_every_client_on_the_forgotten_ones_included():
+    _, plain = as_code("original", 20)
+    _, coded = as_code("original", 20, "federation.params.original_as_code=true")
+    cost = coded["unlearning"]
+    assert plain["unlearning"]["interactions"] == 0
+    # as many rounds again, all ten clients (the three forgotten rejoin), B = 5 each
+    assert cost["rounds"] == 20 and cost["interactions"] == 20 * 10 * 5
+    assert cost["messages"] == 2 * 20 * 10
+    assert coded["rounds"][-1] == 40
+    assert cost["final_model"] != plain["unlearning"]["final_model"]
+    # the same training: the curves agree up to its last round
+    n = len(plain["offline"]["ndcg@10"])
+    assert coded["offline"]["ndcg@10"][:n] == plain["offline"]["ndcg@10"]
+
+
+def test_pga_as_code_has_the_forgotten_clients_ascend_every_round_while_the_others_train():
+    """pga_test: no reference model, no projection; every round of the budget each forgotten
+    client takes B reversed steps on random queries of the whole training set."""
+    _, plain = as_code("pga", 20)
+    sim, coded = as_code("pga", 20, "federation.params.pga_as_code=true")
+    cost = coded["unlearning"]
+    assert "ascent_interactions" not in plain["unlearning"]
+    assert cost["rounds"] == 20 and cost["messages"] == 2 * 20 * 10
+    assert cost["ascent_interactions"] == 20 * 3 * 5  # rounds x forgotten clients x B
+    assert cost["interactions"] == 20 * 10 * 5  # the ascents and the others' training
+    assert all(sim.agents[a].reference is None for a in LEAVERS)  # no reference model
+    assert sim.proto.strategy.ascended == {}  # nothing ascended at the request
+    assert cost["final_model"] != plain["unlearning"]["final_model"]
+
+
+def test_a_code_variant_of_another_strategy_is_refused_in_one_line():
+    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.pga_as_code=true"])
+    with pytest.raises(ScenarioError, match="pga_as_code: applies to unlearning = 'pga' only"):
+        run(Simulation(sc.variants["7H-3M-finetune"], 1, Observer()).run())
+    sc = load_scenario(
+        STRATEGIES,
+        [
+            "federation.rounds=2",
+            "federation.params.original_as_code=true",
+            "federation.params.dp=true",
+        ],
+    )
+    with pytest.raises(ScenarioError, match="original_as_code: with dp = true not supported"):
+        run(Simulation(sc.variants["7H-3M-original"], 1, Observer()).run())
+    coded = "federation.params.federaser_as_code=true"
+    sc = load_scenario(STRATEGIES, ["federation.rounds=2", coded, "federation.participation=0.5"])
+    with pytest.raises(ScenarioError, match="federaser_as_code: the study's code rebuilds"):
+        run(Simulation(sc.variants["7H-3M-federaser"], 1, Observer()).run())
+
+
+def test_federaser_as_code_rebuilds_round_by_round_with_clients_in_a_chain(monkeypatch):
+    """The study's FedEraser: U0 the initial model, U1 the remaining clients' mean of round 1;
+    every later round the remaining clients train one after another from the previous one's
+    model (Ut ends as the last one's), U(t+1) their mean, calibrated every fifth round; the
+    result is the trained model plus lr x the sum of every U."""
+    from foltr_async.protocols import fpdgd
+
+    seen: dict = {"sent": {}, "got": {}}
+    init, configure, aggregate = (
+        fpdgd.ChainStrategy.__init__,
+        fpdgd.ChainStrategy.configure_round,
+        fpdgd.ChainStrategy.aggregate,
+    )
+
+    def spy_init(self, base, history, forgotten, trained):
+        seen["trained"], seen["history"] = np.array(trained), history
+        init(self, base, history, forgotten, trained)
+
+    def spy_configure(self, round):
+        body = configure(self, round)
+        seen["sent"][round] = np.array(body["params"])
+        return body
+
+    def spy_aggregate(self, round, replies):
+        seen["got"][round] = [np.array(r.body["params"]) for r in replies]
+        return aggregate(self, round, replies)
+
+    monkeypatch.setattr(fpdgd.ChainStrategy, "__init__", spy_init)
+    monkeypatch.setattr(fpdgd.ChainStrategy, "configure_round", spy_configure)
+    monkeypatch.setattr(fpdgd.ChainStrategy, "aggregate", spy_aggregate)
+    _, result = as_code("federaser", 12, "federation.params.federaser_as_code=true")
+    cost = result["unlearning"]
+    assert cost["rounds"] == 11 * 7 and cost["interactions"] == 11 * 7 * 5  # a turn each
+    assert cost["messages"] == 2 * 11 * 7
+    history = seen["history"]
+    assert len(history) == 12
+    kept = [[m for c, m, _ in sent if c not in LEAVERS] for _, sent in history]
+    got = [seen["got"][12 + i][0] for i in range(1, 78)]  # every turn replied
+    sent = [seen["sent"][12 + i] for i in range(1, 78)]
+    u = [history[0][0], np.mean(kept[0], axis=0)]  # U0, U1
+    for t in range(1, 12):
+        turns = got[(t - 1) * 7 : t * 7]
+        assert np.array_equal(sent[(t - 1) * 7], u[t])  # its first client starts from Ut
+        for k in range(1, 7):  # each later client from the previous one's model
+            assert np.array_equal(sent[(t - 1) * 7 + k], turns[k - 1])
+        u[t] = last = turns[-1]  # the shared array: Ut ends as the last client's model
+        mean = np.mean(turns, axis=0)
+        if t % 5 == 0:
+            old = np.mean(kept[t], axis=0) - history[t][0]
+            new = mean - last
+            u.append(last + np.linalg.norm(old) * new / np.linalg.norm(new))
+        else:
+            u.append(mean)
+    expected = seen["trained"] + 0.1 * np.sum(u, axis=0)
+    assert np.allclose(cost["final_model"], expected, rtol=0, atol=1e-12)
