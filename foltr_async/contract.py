@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -182,6 +182,10 @@ class RunContext:
     secure: SecureRun | None = field(default=None, init=False, repr=False)
     #: the loop time of simulated time zero (``now``: a replayed log's clock)
     clock0: float = field(default=0.0, init=False, repr=False)
+    #: ``await act(agent_id, action)``: a lifecycle action (``rejoin``, ``leave``, ...) on an
+    #: agent wherever it lives, as the timeline plays it (a protocol's later phase); the run
+    #: sets it in the server's process
+    act: Callable[[str, str], Awaitable[None]] | None = field(default=None, init=False, repr=False)
 
     @property
     def params(self) -> Any:

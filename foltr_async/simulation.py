@@ -239,6 +239,7 @@ class Simulation:
         self.probe = Probe()
         ctx = RunContext(cfg, self.seed, data, self.bus, self.probe, self.emit)
         self.ctx = ctx
+        ctx.act = self.play
         proto = entry.build(ctx)
         # federation.secure_aggregation (build refuses a robust aggregator with it)
         self.secure: SecureRun | None = build_secure(ctx, REGISTRY)
@@ -337,15 +338,20 @@ class Simulation:
         """Timeline item ``i`` on each of its agents, wherever it lives."""
         action = self.timeline.items[i].action
         for aid in self.timeline.agents[i]:
-            agent = self.agents[aid]
-            if agent.remote:
-                await self.remote.act(agent, action, self.server.plan_round)
-            else:
-                await self.act_locally(agent, action)
-            self.emit(action, agent=aid, round=self.server.plan_round)
-            self.observer.agent_changed(
-                aid, agent.role, agent.state, agent.rounds_joined, agent.last_kind
-            )
+            await self.play(aid, action)
+
+    async def play(self, aid: str, action: str) -> None:
+        """One action on an agent, wherever it lives, told to the observers (the timeline's,
+        or a protocol's later phase through ``RunContext.act``)."""
+        agent = self.agents[aid]
+        if agent.remote:
+            await self.remote.act(agent, action, self.server.plan_round)
+        else:
+            await self.act_locally(agent, action)
+        self.emit(action, agent=aid, round=self.server.plan_round)
+        self.observer.agent_changed(
+            aid, agent.role, agent.state, agent.rounds_joined, agent.last_kind
+        )
 
     async def act_locally(self, agent: Agent, action: str) -> None:
         """One timeline action on an agent of this process."""

@@ -613,8 +613,6 @@ class FPDGD(ProtocolRun):
             self.strategy.history = []
         learner_paths(ctx)  # the names workers' counts are added to
         self.cost: dict = {}
-        #: the study code's original / PGA: the leavers this process holds, to rejoin them
-        self.rejoining: dict[str, Agent] = {}
         self.taken_part: dict[int, list[str]] = {}  # round -> clients it aggregated (privacy)
         self.last_round = 0
 
@@ -642,7 +640,6 @@ class FPDGD(ProtocolRun):
         agent.send("server", UNLEARN, body, self.server.plan_round)
         if rejoins(self.ctx.params):  # the study code's original / PGA: it trains on at the end
             agent.forgotten = True
-            self.rejoining[agent.id] = agent
         await agent.leave()  # it takes no further part in training
 
     async def finish(self, server, reports: list) -> None:
@@ -727,17 +724,10 @@ class FPDGD(ProtocolRun):
         }
 
     async def _rejoin(self, leavers: dict[str, int]) -> None:
-        """The study code's original and PGA: the forgotten clients take part again."""
-        missing = sorted(set(leavers) - set(self.rejoining))
-        if missing:
-            raise ScenarioError(
-                "federation.params: original_as_code / pga_as_code rejoin the forgotten clients "
-                f"from the server's process, which does not host {missing[0]!r} (a ZeroMQ "
-                "worker's honest client); expected the in-memory transport"
-            )
+        """The study code's original and PGA: the forgotten clients take part again (wherever
+        they live: the run plays the action, as the timeline's)."""
         for aid in sorted(leavers):
-            if self.rejoining[aid].state == "left":
-                await self.rejoining[aid].rejoin()
+            await self.ctx.act(aid, "rejoin")
 
     async def _calibrate(self, server) -> tuple[list, int] | None:
         """FedEraser: one calibration round per stored round, from a re-initialised model (its

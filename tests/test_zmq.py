@@ -288,7 +288,8 @@ async def test_garbage_control_frames_are_counted_once_with_one_warning_per_reas
 
 def test_local_workers_match_the_memory_run_with_one_frame_per_worker(tmp_path, mq2008_dir):
     """The headline shape (an attacker hosted by the server, unlearning, calibration rounds),
-    PGA with the relevance reset (leavers in two workers), FedRemove's server-side replay and
+    PGA with the relevance reset (leavers in two workers), PGA as the study's code (its leavers
+    rejoin where they live), FedRemove's server-side replay and
     FOLtR-ES (also with its authors' per-client streams, which live in the workers): a secure
     zmq run with 3 worker processes gives the memory run's metrics."""
     path = write_scenario(
@@ -305,6 +306,9 @@ agents = [{ behaviour = "scaled_reversal", count = 1 }]
 timeline = [{ round = -1, action = "unlearn", agents = ["attackers"] }]
 [variants.ascended]
 federation = { params = { unlearning = "pga", relevance_reset = true } }
+timeline = [{ round = -1, action = "unlearn", agents = ["client-0001", "client-0004"] }]
+[variants.ascended-as-code]
+federation = { params = { unlearning = "pga", pga_as_code = true, unlearn_rounds = 3 } }
 timeline = [{ round = -1, action = "unlearn", agents = ["client-0001", "client-0004"] }]
 [variants.removed]
 federation = { params = { unlearning = "fedremove" } }
@@ -340,6 +344,8 @@ federation = { protocol = "foltr_es", params = { streams = "authors" } }
     # everything but the phase's duration, which over ZeroMQ is real seconds
     assert ascended.pop("sim_s") >= 0.0 and in_memory.pop("sim_s") >= 0.0
     assert ascended == in_memory
+    as_code = z["variants"]["ascended-as-code"]["repeats"][0]["unlearning"]
+    assert as_code["ascent_interactions"] == 3 * 2 * 3  # rounds x rejoined leavers x B
     t = rep["transport"]
     assert t["kind"] == "zmq" and t["secure"] and t["workers"] == 3
     # 12 training + 4 calibration broadcasts, each reaching 3 workers once, while the clients
