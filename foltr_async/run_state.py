@@ -3,6 +3,7 @@ saved run passes before it loads (a checkpoint is checksummed, not signed)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -45,17 +46,13 @@ class Records:
             self.interactions.append(interactions)
 
     def state(self) -> dict[str, Any]:
-        """A copy for a checkpoint, a key per field."""
-        return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
+        """A copy for a checkpoint, a key per field (the run goes on appending)."""
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
 
     def load(self, saved: dict[str, Any]) -> None:
         """What ``state`` saved (checked by ``check_run_state`` first)."""
         for f in fields(self):
-            setattr(self, f.name, _copy(saved[f.name]))
-
-
-def _copy(value):
-    return list(value) if isinstance(value, list) else value
+            setattr(self, f.name, copy.copy(saved[f.name]))
 
 
 def check_run_ranges(saved: dict, rounds: int, agent_ids: set[str], local: set[str]) -> None:
