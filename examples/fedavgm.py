@@ -21,6 +21,8 @@ from foltr_async.protocols.api import (
     OnlineClient,
     OnlineRun,
     ProtocolEntry,
+    RunConfig,
+    ScenarioError,
     Summable,
     handles,
     param,
@@ -75,6 +77,15 @@ class FedAvgM(OnlineRun):
     strategy_class = Server
     client_class = Client
     partitions = True  # OnlineClient reads each client's own data, so non-IID splits apply
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        # the first round's step is FedAvg's: one round could not show momentum's effect
+        if config.params.momentum > 0 and config.federation.rounds < 2:
+            raise ScenarioError(
+                "federation.params.momentum: has no effect in one round; expected "
+                "federation.rounds >= 2 or momentum = 0"
+            )
 
 
 #: what this module provides: ``foltr_async.plugins.load_plugins`` installs it

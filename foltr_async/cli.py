@@ -644,10 +644,17 @@ def _cmd_validate(argv: list[str]) -> int:
     p.add_argument("scenario", type=Path, nargs="+")
     _add_set(p, "override a scenario value for every variant")
     p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="VARIANT",
+        help="check only these variants (repeatable), as a run given --only does",
+    )
+    p.add_argument(
         "--build",
         action="store_true",
         help="also build every variant as a run does before writing anything (datasets, "
-        "protocol, attackers, timeline): every data line, enough queries, a protocol's checks",
+        "protocol, attackers, timeline): every data line, enough queries for the clients",
     )
     args = p.parse_args(argv)
     from foltr_async.scenario.load import load_scenario
@@ -655,7 +662,7 @@ def _cmd_validate(argv: list[str]) -> int:
     failed = 0
     for path in args.scenario:
         try:
-            sc = load_scenario(path, args.sets)
+            sc = load_scenario(path, args.sets, only=args.only)
             from foltr_async.preflight import check_inputs, check_scenario
 
             (check_scenario if args.build else check_inputs)(sc)
@@ -666,7 +673,8 @@ def _cmd_validate(argv: list[str]) -> int:
             failed += 1
             continue
         print(
-            f"{path}: ok ({len(sc.variants)} variants x {sc.repeats} repeats: "
+            f"{path}: ok ({len(sc.variants)} variant{'s' * (len(sc.variants) != 1)} x "
+            f"{sc.repeats} repeats: "
             f"{', '.join(sc.variants)})"
         )
     if failed:

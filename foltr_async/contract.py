@@ -451,6 +451,12 @@ class ProtocolRun(Checkpointed, ABC):
         sender for the strategy's declared handlers)."""
 
     @classmethod
+    def check(cls, config: RunConfig) -> None:
+        """Its own rules across a variant's keys (a parameter another key rules out), run by
+        the scenario loader on every variant, so ``validate`` reports them before any data is
+        read: raise a ``ScenarioError`` naming the key and what was expected."""
+
+    @classmethod
     def takes(cls) -> tuple[str, ...]:
         """Every timeline action a run of this protocol carries out."""
         return (*GENERIC_ACTIONS, *sorted(cls.actions))

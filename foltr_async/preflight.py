@@ -23,7 +23,7 @@ from foltr_async.simulation import Simulation
 def check_scenario(scenario: Scenario) -> None:
     """Build every variant as a run would, without its honest clients or any round: what the
     run would reject at its start (a missing or broken dataset, more clients than queries, an
-    unknown timeline agent, a protocol's own checks) fails here, as one line naming the file
+    unknown timeline agent) fails here, as one line naming the file
     and the variant (every fold of a ``dataset.folds`` scenario is built: each is its own
     data)."""
     for name, cfg in scenario.variants.items():
@@ -36,9 +36,9 @@ def check_scenario(scenario: Scenario) -> None:
 def check_inputs(scenario: Scenario) -> None:
     """What ``validate`` checks beyond the file's keys and types, in seconds and without
     building anything: every dataset path a variant (and fold) reads is there, with the files
-    its format needs, the first data line of each LETOR file valid. The data's content (every
-    line, enough queries for the clients, a protocol's own checks) is what
-    ``check_scenario`` adds."""
+    its format needs, the first data line of each LETOR file valid (the loader checked every
+    key and rule across keys). The data's content (every line, enough queries for the
+    clients) is what ``check_scenario`` adds."""
     seen: set[tuple[str, str]] = set()
     for name, cfg in scenario.variants.items():
         for rep in range(max(1, len(scenario.folds))):

@@ -144,13 +144,18 @@ def replay_partition(logs: tuple[UserLog, ...], time_scale: float, probe: Probe)
 
 def contributions(reports: list[RoundReport]) -> dict[str, Any]:
     """Clients whose update went into each round's model (0: the round kept the old model,
-    e.g. nobody online or fewer replies than ``min_clients``), every phase in round order; and
-    the rounds (periods) that began with no client online, and their simulated seconds."""
+    e.g. nobody online or fewer replies than ``min_clients``, or the server played it alone),
+    every phase in round order; the empty rounds (no update taken, in a round that asked
+    clients) and the rounds the server played alone; and the rounds (periods) that began with
+    no client online, and their simulated seconds."""
     per_round = [len(r.clients) if r.aggregated else 0 for r in reports]
     nobody = [r for r in reports if r.online == 0]
     return {
         "per_round": per_round,
-        "empty_rounds": sum(n == 0 for n in per_round),
+        "empty_rounds": sum(
+            not (n or r.server_only) for n, r in zip(per_round, reports, strict=True)
+        ),
+        "server_rounds": sum(r.server_only for r in reports),
         "nobody_online_rounds": len(nobody),
         "nobody_online_s": sum((r.duration for r in nobody), 0.0),
         "rounds_s": sum((r.duration for r in reports), 0.0),
@@ -247,29 +252,10 @@ class Simulation:
         n_clients = cfg.n_clients
         ctx.clock0 = getattr(self, "_sim0", 0.0)
         if data.logs is not None:  # a logged federation: each client replays one user
-            if not proto.replays:
-                raise ScenarioError(
-                    f"dataset.format: protocol {fed.protocol!r} does not replay logged "
-                    "queries; expected 'letor' (the replaying protocols: fpdgd, fpdgd_async)"
-                )
-            if fed.partition:
-                raise ScenarioError(
-                    "federation.partition: expected no table with dataset.format = "
-                    "'aol4foltr' (the log is the partition)"
-                )
-            if cfg.network.flgo is not None:
-                raise ScenarioError(
-                    "network.flgo: expected no FLGo system model with dataset.format = "
-                    "'aol4foltr' (the log decides when and how much each client trains)"
-                )
             ctx.partition = replay_partition(data.logs, cfg.dataset.time_scale, self.probe)
             ctx.partition.by_agent = {client_id(i): c for i, c in enumerate(ctx.partition.clients)}
             queries = [c.queries for c in ctx.partition.clients]
         elif fed.partition:  # non-IID: the partitioner gives each client its own data
-            if not proto.partitions:
-                raise ScenarioError(
-                    f"federation.partition: protocol {fed.protocol!r} does not read per-client data"
-                )
             part = REGISTRY.partitioner.build(ctx, n_clients, ctx.rng("data"))
             part.by_agent = {client_id(i): c for i, c in enumerate(part.clients)}
             ctx.partition = part
@@ -277,11 +263,6 @@ class Simulation:
         else:
             queries = assign_queries(data.train.n_queries, n_clients, fed.data, ctx.rng("data"))
         flgo = cfg.network.flgo
-        if flgo is not None and flgo.completeness != "IDL" and not proto.completes:
-            raise ScenarioError(
-                f"network.flgo.completeness: expected 'IDL' for protocol {fed.protocol!r}, "
-                f"whose clients' local work is not cut short, got {flgo.completeness!r}"
-            )
         if flgo is not None:
             ctx.flgo = FlgoSystem(flgo, flgo_clients(ctx, queries), data.test.labels, ctx.rng)
         # the agents' ids as they will be built: the timeline names them before they exist
@@ -576,7 +557,7 @@ class Simulation:
             aggregated=report.aggregated,
             **report.facts,
         )
-        if not report.aggregated:  # the model did not change: say so where people look
+        if not report.aggregated and not report.server_only:  # no update: say so where seen
             self.emit(
                 "round_empty",
                 round=report.round,

@@ -22,7 +22,8 @@ nothing; ``foltr_async.plugins.load_plugins`` installs each entry where it belon
   and counted); ``screen_reply(body, vectors, max_abs, counts)`` is the check every protocol
   here uses: vectors of the model's length, finite and bounded, counts at most the client's.
 - ``ProtocolRun``: one run of the protocol (its ``strategy``, a ``client`` factory, optional
-  hooks); ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
+  hooks, ``check(config)`` for its rules across keys, raising ``ScenarioError``);
+  ``RunContext``: what a run may use (data, bus, probe, rankers, typed ``params``,
   named random streams ``ctx.rng(...)``, the scenario's aggregator, ``evaluate``) and
   ``ctx.config``, the variant's typed ``RunConfig`` (``config.federation.rounds``,
   ``config.n_clients``, ``config.agents``: each ``AgentGroup`` with its typed ``params``).
@@ -66,6 +67,7 @@ from foltr_async.contract import (
     evaluate_views,
     model_message_bytes,
 )
+from foltr_async.errors import ScenarioError
 from foltr_async.params import param, parameters
 from foltr_async.protocols.fpdgd import FPDGDClient
 from foltr_async.protocols.learner import PDGDLearner
@@ -83,6 +85,7 @@ __all__ = [
     "FPDGDClient",
     "PDGDLearner",
     "RunConfig",
+    "ScenarioError",
     "model_message_bytes",
     "K",
     "ModelStrategy",

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.clicks import CascadeModel
@@ -570,12 +571,15 @@ class ESStrategy(ModelStrategy):
 
 
 class FOLtRES(ProtocolRun):
-    def __init__(self, ctx: RunContext) -> None:
-        if ctx.params.metric == "dcg" and ctx.params.p < 1.0:
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        if config.params.metric == "dcg" and config.params.p < 1.0:
             raise ScenarioError(
                 "federation.params.p: privatisation needs the discrete "
                 "metric 'maxrr' (set p = 1.0 with metric = 'dcg')"
             )
+
+    def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.strategy = ESStrategy(ctx)
         self.taken_part: dict[int, list[str]] = {}  # round -> clients whose metrics came

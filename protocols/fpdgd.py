@@ -47,6 +47,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.observe.privacy import account, delta_at, gamma_difference, laplace
@@ -597,14 +598,17 @@ class FPDGD(ProtocolRun):
     actions = MappingProxyType({UNLEARN_ACTION: "left"})  # the leaver leaves for good
     replays = True  # a logged user's queries, at their times (dataset.format = "aol4foltr")
 
-    def __init__(self, ctx: RunContext) -> None:
-        if ctx.params.dp and ctx.data.logs is not None:
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        if config.params.dp and config.dataset.replayed:
             raise ScenarioError(
                 "federation.params.dp: expected false with dataset.format = 'aol4foltr' (a "
                 "client with no new query sends an empty update without its noise share, so "
                 "the round's noise would not sum to the Laplace the accounting states)"
             )
-        refuse_unlearning(ctx)
+        refuse_unlearning(config)
+
+    def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.strategy = FPDGDStrategy(ctx)
         # the server stores every round (federaser_as_code applies to federaser alone)
@@ -876,9 +880,9 @@ def rejoins(p) -> bool:
     )
 
 
-def refuse_unlearning(ctx: RunContext) -> None:
+def refuse_unlearning(config: RunConfig) -> None:
     """One line for an unlearning setting the run could not make true."""
-    p, fed = ctx.params, ctx.config.federation
+    p, fed = config.params, config.federation
     key = "federation.params.unlearning"
     for strategy in AS_CODE:
         if getattr(p, f"{strategy}_as_code") and p.unlearning != strategy:
@@ -904,19 +908,19 @@ def refuse_unlearning(ctx: RunContext) -> None:
             "covers the training rounds only); use 'federaser', 'fedremove' or 'original', or "
             "dp = false"
         )
-    if p.unlearning in ("pga", "fedremove") and ctx.config.federation.secure_aggregation:
+    if p.unlearning in ("pga", "fedremove") and fed.secure_aggregation:
         raise ScenarioError(
             f"{key}: {p.unlearning!r} needs each client's update, which secure aggregation "
             "hides; expected federation.secure_aggregation off"
         )
-    if p.unlearning == "pga" and p.pga_as_code and ctx.data.logs is not None:
+    if p.unlearning == "pga" and p.pga_as_code and config.dataset.replayed:
         raise ScenarioError(
             "federation.params.pga_as_code: its ascent draws random queries of the training "
             "set, which a replayed log does not have; expected a LETOR dataset"
         )
     projected = p.unlearning == "pga" and not p.pga_as_code
     if projected and (
-        fed.participation < 1.0 or fed.aggregator != "fedavg" or ctx.data.logs is not None
+        fed.participation < 1.0 or fed.aggregator != "fedavg" or config.dataset.replayed
     ):
         raise ScenarioError(
             f"{key}: 'pga' needs a reference model a leaver can compute (the global model as "
@@ -924,9 +928,7 @@ def refuse_unlearning(ctx: RunContext) -> None:
             "aggregator = 'fedavg' and a LETOR dataset"
         )
     if p.relevance_reset and (
-        UNLEARN_ACTION not in ctx.config.timeline_actions
-        or fed.partition
-        or ctx.data.logs is not None
+        UNLEARN_ACTION not in config.timeline_actions or fed.partition or config.dataset.replayed
     ):
         raise ScenarioError(
             "federation.params.relevance_reset: expected a timeline 'unlearn' action (whose "

@@ -34,6 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import ProtocolRun, RunContext, model_message_bytes
 from foltr_async.errors import ScenarioError
 from foltr_async.params import param, parameters
@@ -208,22 +209,25 @@ class AsyncFPDGD(ProtocolRun):
     completes = True
     replays = True
 
-    def __init__(self, ctx: RunContext) -> None:
-        if ctx.params.compute_time <= 0.0:
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        if config.params.compute_time <= 0.0:
             raise ScenarioError(
                 "federation.params.compute_time: expected a number > 0 for asynchronous FPDGD "
                 "(each training must take simulated time), got 0.0"
             )
-        if (step := ctx.params.lr * ctx.params.rho) >= 2.0:
+        if (step := config.params.lr * config.params.rho) >= 2.0:
             raise ScenarioError(
                 "federation.params.rho: expected lr * rho < 2 (the proximal step "
                 f"-lr * rho * (y - w) overshoots and diverges), got {step:g}"
             )
-        if ctx.config.federation.secure_aggregation:
+        if config.federation.secure_aggregation:
             raise ScenarioError(
                 "federation.secure_aggregation: expected false for asynchronous FPDGD "
                 "(there is no round of updates to mask together)"
             )
+
+    def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.strategy = AsyncFPDGDStrategy(ctx)
         learner_paths(ctx)  # the names workers' counts are added to

@@ -69,6 +69,7 @@ import itertools
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import (
     ClientData,
     Partition,
@@ -500,13 +501,16 @@ def round_half(x: float) -> int:
 class FPDGDRemedies(FPDGD):
     """FPDGD with FedProx, FedPer and data sharing (each off by default)."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        p = ctx.params
-        if p.fedper and ctx.config.ranker.kind != "mlp":
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        super().check(config)
+        if config.params.fedper and config.ranker.kind != "mlp":
             raise ScenarioError(
                 'federation.params.fedper: needs ranker.kind = "mlp" (a '
                 "linear ranker is only its output layer)"
             )
+
+    def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.strategy = RemedyStrategy(ctx)
 

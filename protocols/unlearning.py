@@ -68,6 +68,7 @@ class ReplayStrategy(Strategy):
     """
 
     broadcast_kind = reply_kind = ""
+    asks_clients = False
 
     def __init__(self, base, history: list, forgotten: set[str], replay: str) -> None:
         self.base = base

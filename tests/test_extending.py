@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from foltr_async.cli import main
 from foltr_async.errors import FoltrError
 from foltr_async.observe.observer import Observer
 from foltr_async.plugins import load_plugins
@@ -177,3 +178,10 @@ def test_the_tutorial_shows_the_examples_code_with_its_imports():
         start = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])])
         body = "\n".join(block.splitlines()[start - 1 :]) + "\n"
         assert body in code, block.splitlines()[0]
+
+
+def test_a_plugins_cross_key_rule_is_checked_by_validate(capsys):
+    fedavgm = str(Path(__file__).resolve().parents[1] / "examples" / "fedavgm.toml")
+    assert main(["validate", fedavgm, "--set", "federation.rounds=1", "--only", "fedavgm"]) == 2
+    assert "federation.params.momentum: has no effect in one round" in capsys.readouterr().err
+    assert main(["validate", fedavgm, "--set", "federation.rounds=1", "--only", "fedavg"]) == 0

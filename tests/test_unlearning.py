@@ -91,6 +91,24 @@ def test_each_strategy_forgets_three_poisoners_at_its_own_cost():
     assert all(c["clients"] == leavers for c in costs.values() if c)
 
 
+class Events(Observer):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def event(self, event: str, **fields) -> None:
+        self.seen.append(event)
+
+
+def test_fedremoves_replay_rounds_are_the_servers_own_not_empty_rounds():
+    sc = load_scenario(STRATEGIES, ["federation.rounds=12"])
+    events = Events()
+    result = run(Simulation(sc.variants["7H-3M-fedremove"], 1, events).run())
+    c = result["contributions"]
+    assert len(c["per_round"]) == 24 and c["server_rounds"] == 12  # training, then the replay
+    assert c["empty_rounds"] == 0 and "round_empty" not in events.seen
+    assert c["per_round"][:12] == [10] * 11 + [7] and c["per_round"][12:] == [0] * 12
+
+
 def test_the_distance_to_retraining_tells_a_model_that_was_not_unlearned(tmp_path):
     from foltr_async.api import run as run_file
 
@@ -104,9 +122,10 @@ def test_the_distance_to_retraining_tells_a_model_that_was_not_unlearned(tmp_pat
 
 
 def test_retraining_with_dp_is_refused_in_one_line():
-    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.dp=true"])
     with pytest.raises(ScenarioError, match="'retrain' with dp = true is not supported"):
-        run(Simulation(sc.variants["7H-3M-retrain"], 1, Observer()).run())
+        load_scenario(
+            STRATEGIES, ["federation.rounds=2", "federation.params.dp=true"], only=["7H-3M-retrain"]
+        )
 
 
 def test_retraining_is_the_federation_that_never_had_the_forgotten_clients():
@@ -153,20 +172,23 @@ def test_the_relevance_reset_tells_a_model_that_kept_the_relabelling():
 
 
 def test_pga_and_fedremove_refuse_what_they_cannot_make_true():
-    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.participation=0.5"])
     with pytest.raises(ScenarioError, match="'pga' needs a reference model"):
-        run(Simulation(sc.variants["7H-3M-pga"], 1, Observer()).run())
-    sc = load_scenario(
-        STRATEGIES, ["federation.rounds=2", "federation.params.relevance_reset=true"]
-    )
+        load_scenario(
+            STRATEGIES, ["federation.rounds=2", "federation.participation=0.5"], only=["7H-3M-pga"]
+        )
     with pytest.raises(ScenarioError, match="relevance_reset: expected a timeline 'unlearn'"):
-        run(Simulation(sc.variants["7H-0M"], 1, Observer()).run())
+        load_scenario(
+            STRATEGIES,
+            ["federation.rounds=2", "federation.params.relevance_reset=true"],
+            only=["7H-0M"],
+        )
 
 
 def as_code(name: str, rounds: int, *extra: str):
     """Variant 7H-3M-``name`` of the strategies scenario, its simulation and its results."""
-    sc = load_scenario(STRATEGIES, [f"federation.rounds={rounds}", *extra])
-    sim = Simulation(sc.variants[f"7H-3M-{name}"], 1, Observer())
+    variant = f"7H-3M-{name}"
+    sc = load_scenario(STRATEGIES, [f"federation.rounds={rounds}", *extra], only=[variant])
+    sim = Simulation(sc.variants[variant], 1, Observer())
     return sim, run(sim.run())
 
 
@@ -220,23 +242,29 @@ def test_pga_as_code_has_the_forgotten_clients_ascend_every_round_while_the_othe
 
 
 def test_a_code_variant_of_another_strategy_is_refused_in_one_line():
-    sc = load_scenario(STRATEGIES, ["federation.rounds=2", "federation.params.pga_as_code=true"])
     with pytest.raises(ScenarioError, match="pga_as_code: applies to unlearning = 'pga' only"):
-        run(Simulation(sc.variants["7H-3M-finetune"], 1, Observer()).run())
-    sc = load_scenario(
-        STRATEGIES,
-        [
-            "federation.rounds=2",
-            "federation.params.original_as_code=true",
-            "federation.params.dp=true",
-        ],
-    )
+        load_scenario(
+            STRATEGIES,
+            ["federation.rounds=2", "federation.params.pga_as_code=true"],
+            only=["7H-3M-finetune"],
+        )
     with pytest.raises(ScenarioError, match="original_as_code: with dp = true not supported"):
-        run(Simulation(sc.variants["7H-3M-original"], 1, Observer()).run())
+        load_scenario(
+            STRATEGIES,
+            [
+                "federation.rounds=2",
+                "federation.params.original_as_code=true",
+                "federation.params.dp=true",
+            ],
+            only=["7H-3M-original"],
+        )
     coded = "federation.params.federaser_as_code=true"
-    sc = load_scenario(STRATEGIES, ["federation.rounds=2", coded, "federation.participation=0.5"])
     with pytest.raises(ScenarioError, match="federaser_as_code: the study's code rebuilds"):
-        run(Simulation(sc.variants["7H-3M-federaser"], 1, Observer()).run())
+        load_scenario(
+            STRATEGIES,
+            ["federation.rounds=2", coded, "federation.participation=0.5"],
+            only=["7H-3M-federaser"],
+        )
 
 
 def test_federaser_as_code_rebuilds_round_by_round_with_clients_in_a_chain(monkeypatch):

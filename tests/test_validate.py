@@ -70,3 +70,41 @@ def test_build_checks_what_only_the_data_shows(tmp_path, capsys):
     capsys.readouterr()
     assert main(["validate", "--build", str(scenario)]) == 2
     assert "clients" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("file", "sets", "says"),
+    [  # a protocol's own cross-key rules (``ProtocolRun.check``), one per protocol that has any
+        ("unlearn_strategies.toml", ["federation.params.dp=true"], "'retrain' with dp = true"),
+        ("csfltr.toml", ["federation.clients=1"], "cross-silo modes need at least 2 parties"),
+        (
+            "fpdgd_vs_foltres.toml",
+            ["federation.params.p=0.5", "federation.params.metric=dcg"],
+            "metric 'maxrr'",
+        ),
+        ("async_fpdgd.toml", ["federation.params.rho=100"], "expected lr * rho < 2"),
+        ("fpdgd_vs_foltres.toml", ['network.flgo.completeness="PDU"'], "expected 'IDL'"),
+    ],
+)
+def test_a_protocols_cross_key_rules_are_checked_without_building(
+    nothing_built, file, sets, says, capsys
+):
+    """Each rule refuses in one line; ``--only`` picks the variants an override fits."""
+    only = {"fpdgd_vs_foltres.toml": "FOLtR-ES-p0.25", "async_fpdgd.toml": "fedasync"}
+    args = [x for s in sets for x in ("--set", s)]
+    if file in only and "flgo" not in sets[0]:
+        args += ["--only", only[file]]
+    assert main(["validate", str(ROOT / "scenarios" / file), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_only_checks_the_variants_it_names(nothing_built, capsys):
+    async_fpdgd = str(ROOT / "scenarios" / "async_fpdgd.toml")
+    assert main(["validate", async_fpdgd, "--set", "federation.params.rho=0.5"]) == 2  # sync
+    capsys.readouterr()
+    assert (
+        main(["validate", async_fpdgd, "--set", "federation.params.rho=0.5", "--only", "fedasync"])
+        == 0
+    )
+    assert capsys.readouterr().out.startswith(f"{async_fpdgd}: ok (1 variant x ")

@@ -142,6 +142,12 @@ def learned_nothing(rep: dict) -> bool:
     return per_round is not None and not any(per_round)
 
 
+def clients_per_round(contributions: dict) -> float | None:
+    """Mean clients per round over the rounds that asked clients (not the server's own)."""
+    asked = len(contributions["per_round"]) - contributions.get("server_rounds", 0)
+    return sum(contributions["per_round"]) / asked if asked else None
+
+
 def nothing_learned(summaries: dict[str, dict]) -> dict[str, int]:
     """Variants with repeats that learned nothing, and how many such repeats each has (read
     from the variants' summaries, which count them)."""
@@ -240,10 +246,7 @@ def summarise_variant(repeats: list[dict], metric: str) -> dict:
         "contributions": {
             "rounds": summarise(len(c["per_round"]) for c in contrib),
             "empty_rounds": summarise(c["empty_rounds"] for c in contrib),
-            "clients_per_round": summarise(
-                sum(c["per_round"]) / len(c["per_round"]) if c["per_round"] else None
-                for c in contrib
-            ),
+            "clients_per_round": summarise(map(clients_per_round, contrib)),
             "learned_nothing": sum(map(learned_nothing, repeats)),
             "nobody_online_rounds": summarise(c.get("nobody_online_rounds") for c in contrib),
             "nobody_online_share": summarise(map(nobody_online_share, contrib)),

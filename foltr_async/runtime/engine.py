@@ -40,6 +40,7 @@ class RoundReport:
     clients: list[str] = field(default_factory=list)  # who replied in time
     online: int | None = None  # clients online at the round's start
     duration: float = 0.0  # simulated seconds from the round's start to this report
+    server_only: bool = False  # a round the server plays alone (``Strategy.asks_clients``)
 
 
 class ServerAgent(Agent):
@@ -242,6 +243,7 @@ class ServerAgent(Agent):
                 contributors,
                 sum(c in online for c in candidates),
                 loop.time() - t0,
+                not self.strategy.asks_clients,
             )
             reports.append(report)
             if self._after_round is not None:

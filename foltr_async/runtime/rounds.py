@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -38,6 +39,9 @@ class Strategy(Checkpointed, ABC):
 
     broadcast_kind: str
     reply_kind: str
+    #: False for a phase the server plays alone (FedRemove's replay of stored rounds): its
+    #: rounds ask no client by design, so they are not reported as empty rounds
+    asks_clients: ClassVar[bool] = True
 
     @abstractmethod
     def configure_round(self, round: int) -> dict:

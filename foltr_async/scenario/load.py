@@ -379,7 +379,7 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         _timeline_item(t, i, where, fed["rounds"], proto)
         for i, t in enumerate(_list(raw.get("timeline", []), where, "timeline"))
     )
-    return RunConfig(
+    run = RunConfig(
         **{name: cls.of(cfg[name]) for name, cls in SECTION_CLASSES.items()},
         network=network,
         network_table=network_table,
@@ -388,6 +388,47 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         params=proto.params(**fed["params"]),
         partition=REGISTRY.partitioner.params.of(fed["partition"]) if fed["partition"] else None,
     )
+    _protocol_rules(run, proto, where)
+    return run
+
+
+def _protocol_rules(cfg: RunConfig, proto, where: str) -> None:
+    """What the variant's protocol can run (logged data, FLGo's completeness), then the
+    protocol's own cross-key rules (``ProtocolRun.check``)."""
+    run, name = proto.build, proto.name
+    if cfg.dataset.replayed:
+        if not run.replays:
+            raise fail(
+                where,
+                "dataset.format",
+                f"'letor' for protocol {name!r}, which does not replay logged queries (the "
+                "replaying protocols: fpdgd, fpdgd_async)",
+            )
+        if cfg.federation.partition:
+            raise fail(
+                where,
+                "federation.partition",
+                "no table with dataset.format = 'aol4foltr' (the log is the partition)",
+            )
+        if cfg.network.flgo is not None:
+            raise fail(
+                where,
+                "network.flgo",
+                "no FLGo system model with dataset.format = 'aol4foltr' (the log decides "
+                "when and how much each client trains)",
+            )
+    flgo = cfg.network.flgo
+    if flgo is not None and flgo.completeness != "IDL" and not run.completes:
+        raise fail(
+            where,
+            "network.flgo.completeness",
+            f"'IDL' for protocol {name!r}, whose clients' local work is not cut short",
+            flgo.completeness,
+        )
+    try:
+        run.check(cfg)
+    except ScenarioError as e:
+        raise ScenarioError(f"{where}: {e}") from None
 
 
 def _secure_aggregation(fed: dict[str, Any], where: str, registry) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from foltr_async.config import RunConfig
 from foltr_async.contract import ProtocolRun, RunContext
 from foltr_async.errors import ScenarioError
 from foltr_async.protocols.csfltr.canary import CanaryParty
@@ -136,19 +137,23 @@ class CSFLTR(ProtocolRun):
 
     own_data = "a text corpus (term statistics, federation.params.corpus)"
 
-    def __init__(self, ctx: RunContext) -> None:
-        p = ctx.params
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        p = config.params
         if p.z1 > p.z:
             raise ScenarioError(f"federation.params.z1: expected at most z = {p.z}, got {p.z1}")
-        if ctx.config.federation.clients < 2 and p.mode in ("csfltr", "local+"):
+        if config.federation.clients < 2 and p.mode in ("csfltr", "local+"):
             raise ScenarioError("federation.clients: cross-silo modes need at least 2 parties")
-        if ctx.config.n_attackers:
+        if config.n_attackers:
             raise ScenarioError("agents: csfltr has no attacker roles")
         if p.schedule == "round_robin" and p.mode not in ("csfltr", "global"):
             raise ScenarioError(
                 f'federation.params.schedule: round_robin trains one shared model; mode "{p.mode}" '
                 "trains every party alone (use csfltr or global)"
             )
+
+    def __init__(self, ctx: RunContext) -> None:
+        p = ctx.params
         self.ctx, self.mode, self.k = ctx, p.mode, p.k
         self.round_robin = p.schedule == "round_robin"
         self.probe = ctx.probe
