@@ -31,7 +31,8 @@ class ProtocolEntry:
     #: ``RunContext.params`` returns
     params: type
     #: its ``contract.ProtocolRun`` subclass: ``build(ctx)`` is one run; its class attributes
-    #: (``actions``, ``partitions``, ``own_data``) are checked against a scenario before any run
+    #: (``actions``, ``partitions``, ``own_data``) and ``check(config)`` are the scenario
+    #: loader's, on every variant before any run
     build: Callable[
         ..., Any
     ]  #: bytes of the largest message a run may send, from the variant's config and its data
