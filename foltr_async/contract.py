@@ -378,6 +378,9 @@ class PartitionEntry:
     help: str
     params: type
     build: Callable[[RunContext, int, np.random.Generator], Partition]
+    #: its rules across keys, ``check(config)`` raising a ``ScenarioError``: the scenario
+    #: loader's, on every variant with a partition (None: none)
+    check: Callable[[RunConfig], None] | None = None
 
     @property
     def fields(self) -> dict[str, Any]:

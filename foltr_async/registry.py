@@ -65,6 +65,9 @@ class BehaviourEntry:
     #: a ``@parameters`` class: the agent group's own keys (``params.of(group)`` reads them)
     params: type
     build: Callable[..., Any]
+    #: its rules across the scenario's keys for one of its groups, ``check(config, group)``
+    #: raising a ``ScenarioError``: the scenario loader's, on every variant (None: none)
+    check: Callable[[Any, Any], None] | None = None
 
     @property
     def fields(self) -> dict[str, Field]:

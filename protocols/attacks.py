@@ -36,6 +36,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from foltr_async.config import AgentGroup, RunConfig
 from foltr_async.errors import ScenarioError
 from foltr_async.params import param, parameters
 from foltr_async.protocols.aggregation import krum
@@ -411,20 +412,25 @@ def coalition_of(ctx, group: dict) -> list[str]:
 def _build_colluder(cls, ctx, group, aid, queries, rng, **extra):
     coalition = coalition_of(ctx, group)
     p = group.params
+    return cls(
+        aid,
+        ctx,
+        queries,
+        rng,
+        attacking=p.attacking,
+        coalition=coalition,
+        knowledge=p.knowledge,
+        wait=p.wait,
+        **extra,
+    )
+
+
+def _check_lie(config: RunConfig, group: AgentGroup) -> None:
+    """The coalition is small enough for LIE's supporters to exist in this federation."""
     try:
-        return cls(
-            aid,
-            ctx,
-            queries,
-            rng,
-            attacking=p.attacking,
-            coalition=coalition,
-            knowledge=p.knowledge,
-            wait=p.wait,
-            **extra,
-        )
+        lie_z(config.n_clients, group.count)
     except ValueError as e:
-        raise ScenarioError(f"agents: behaviour {group.behaviour!r}: {e}") from None
+        raise ScenarioError(f"agents: behaviour 'lie': {e}") from None
 
 
 @parameters
@@ -511,6 +517,7 @@ PROVIDES = (
         (NAME,),
         CollusionParams,
         lambda ctx, proto, g, aid, q, rng: _build_colluder(LIEClient, ctx, g, aid, q, rng),
+        check=_check_lie,
     ),
     BehaviourEntry(
         "fang",

@@ -51,6 +51,7 @@ from abc import abstractmethod
 
 import numpy as np
 
+from foltr_async.config import AgentGroup, RunConfig
 from foltr_async.errors import ScenarioError
 from foltr_async.params import param, parameters
 from foltr_async.protocols import csfltr, foltr_es, fpdgd
@@ -77,11 +78,11 @@ RUN_CLAIM = {
 }
 
 
-def canary_ids(ctx) -> list[str]:
+def canary_ids(config: RunConfig) -> list[str]:
     """The ids of the run's canaries: attackers are numbered after the honest clients in the
     order of their ``[[agents]]`` groups (as the simulation places them)."""
-    out, i = [], ctx.config.federation.clients
-    for g in ctx.config.agents:
+    out, i = [], config.federation.clients
+    for g in config.agents:
         if g.role != "attacker":
             continue
         if g.behaviour == CANARY:
@@ -125,16 +126,6 @@ class FPDGDCanary(FPDGDClient):
     def __init__(self, agent_id, ctx, queries, rng, *, bits: str, index: int) -> None:
         super().__init__(agent_id, ctx, queries, rng)
         p = ctx.params
-        if not p.dp:
-            raise ScenarioError(
-                "agents: canary: expected federation.params.dp = true (an audit measures a "
-                "privacy mechanism)"
-            )
-        if p.clip_order == 2 and len(canary_ids(ctx)) > 1:
-            raise ScenarioError(
-                "agents: canary count: expected 1 with L2 clipping (L2 canaries share the "
-                "worst-case direction, so each would hide the others' bits)"
-            )
         d = ctx.new_ranker().get_params().size
         self.vector = worst_case(d, p.clip_bound, p.clip_order, index)
         self.run_bit, self.truth = keep_secret(ctx, agent_id, rng, bits)
@@ -152,12 +143,6 @@ class ESCanary(ESClient):
 
     def __init__(self, agent_id, ctx, queries, rng, *, bits: str, index: int) -> None:
         super().__init__(agent_id, ctx, queries, rng)
-        p = ctx.params
-        if p.metric != "maxrr" or not p.antithetic:
-            raise ScenarioError(
-                "agents: canary: expected federation.params.metric = 'maxrr' and antithetic = "
-                "true (the randomised response privatises MaxRR levels, one per half)"
-            )
         self.run_bit, self.truth = keep_secret(ctx, agent_id, rng, bits)
 
     @handles(foltr_es.MODEL)
@@ -181,8 +166,6 @@ class Auditor(TapEavesdropper):
 
     def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
         self.canaries = self.canary_ids(ctx)
-        if not self.canaries:
-            raise ScenarioError("agents: auditor: expected a canary group in [[agents]]")
         # the canaries' own links, or every link (the aggregate view reads the broadcasts)
         super().__init__(agent_id, ctx, None if view == "aggregate" else self.canaries)
         self.view, self.bits, self.confidence = view, bits, confidence
@@ -190,7 +173,7 @@ class Auditor(TapEavesdropper):
         self.skipped: dict[str, int] = {}
 
     def canary_ids(self, ctx) -> list[str]:
-        return canary_ids(ctx)
+        return canary_ids(ctx.config)
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -231,18 +214,6 @@ class FPDGDAuditor(Auditor):
     def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
         super().__init__(agent_id, ctx, view, bits, confidence)
         p = ctx.params
-        if not p.dp:
-            raise ScenarioError("agents: auditor: expected federation.params.dp = true")
-        if ctx.aggregator.name != "fedavg":
-            raise ScenarioError(
-                f"federation.aggregator: the FPDGD audit expected 'fedavg' (the aggregate the "
-                f"noise is sized for), got {ctx.aggregator.name!r}"
-            )
-        if ctx.config.network.loss:
-            raise ScenarioError(
-                "network.loss: the FPDGD audit expected 0 (the aggregate view assumes every "
-                "client that trained in a round was aggregated)"
-            )
         if view == "aggregate":
             self.taps = {fpdgd.MODEL: "dst"}
         else:  # the canaries' uploads: masked under secure aggregation
@@ -326,11 +297,6 @@ class ESAuditor(Auditor):
     protocol = foltr_es.NAME
 
     def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
-        if view != "link":
-            raise ScenarioError(
-                "agents: auditor view: expected 'link' for foltr_es (local DP: each message "
-                "is the release)"
-            )
         super().__init__(agent_id, ctx, view, bits, confidence)
         self.taps = {foltr_es.SEED_METRIC: "src"}
         p = ctx.params.p
@@ -359,15 +325,6 @@ class SketchAuditor(Auditor):
     protocol = csfltr.NAME
 
     def __init__(self, agent_id, ctx, view: str, bits: str, confidence: float) -> None:
-        if view not in ("estimate", "answer"):
-            raise ScenarioError(
-                f"agents: auditor view: expected 'estimate' or 'answer' for csfltr, got {view!r}"
-            )
-        if not ctx.params.canary:
-            raise ScenarioError(
-                "agents: auditor: expected federation.params.canary = true (party 0 then "
-                "answers as the canary owner)"
-            )
         super().__init__(agent_id, ctx, view, bits, confidence)
         self.taps = {TF_ANSWER: "src"}
         self.eps = ctx.params.epsilon
@@ -426,17 +383,75 @@ class AuditorParams:
     )
 
 
-def _bits(ctx) -> str:
-    """The canaries' bit mode (one for the run's canaries: the auditor pools their trials)."""
-    modes = {g.params.bits for g in ctx.config.agents if g.behaviour == CANARY}
-    if len(modes) > 1:
+def _bits(config: RunConfig) -> set[str]:
+    """The canaries' bit modes (one for the run's canaries: the auditor pools their trials)."""
+    return {g.params.bits for g in config.agents if g.behaviour == CANARY}
+
+
+def _check_canary(config: RunConfig, group: AgentGroup) -> None:
+    """A mechanism to audit, in the form the protocol's canary sends its worst case through."""
+    p = config.params
+    if config.federation.protocol == foltr_es.NAME:
+        if p.metric != "maxrr" or not p.antithetic:
+            raise ScenarioError(
+                "agents: canary: expected federation.params.metric = 'maxrr' and antithetic = "
+                "true (the randomised response privatises MaxRR levels, one per half)"
+            )
+        return
+    if not p.dp:
+        raise ScenarioError(
+            "agents: canary: expected federation.params.dp = true (an audit measures a "
+            "privacy mechanism)"
+        )
+    if p.clip_order == 2 and len(canary_ids(config)) > 1:
+        raise ScenarioError(
+            "agents: canary count: expected 1 with L2 clipping (L2 canaries share the "
+            "worst-case direction, so each would hide the others' bits)"
+        )
+
+
+def _check_auditor(config: RunConfig, group: AgentGroup) -> None:
+    """The canaries it scores, a view its protocol has and the mechanism that view audits."""
+    p, fed, view = config.params, config.federation, group.params.view
+    if fed.protocol == csfltr.NAME:
+        if view not in ("estimate", "answer"):
+            raise ScenarioError(
+                f"agents: auditor view: expected 'estimate' or 'answer' for csfltr, got {view!r}"
+            )
+        if not p.canary:
+            raise ScenarioError(
+                "agents: auditor: expected federation.params.canary = true (party 0 then "
+                "answers as the canary owner)"
+            )
+        return
+    if fed.protocol == foltr_es.NAME and view != "link":
+        raise ScenarioError(
+            "agents: auditor view: expected 'link' for foltr_es (local DP: each message "
+            "is the release)"
+        )
+    if not canary_ids(config):
+        raise ScenarioError("agents: auditor: expected a canary group in [[agents]]")
+    if len(_bits(config)) > 1:
         raise ScenarioError("agents: canary bits: expected one mode for every canary group")
-    return modes.pop() if modes else "round"
+    if fed.protocol != fpdgd.NAME:
+        return
+    if not p.dp:
+        raise ScenarioError("agents: auditor: expected federation.params.dp = true")
+    if fed.aggregator != "fedavg":
+        raise ScenarioError(
+            f"federation.aggregator: the FPDGD audit expected 'fedavg' (the aggregate the "
+            f"noise is sized for), got {fed.aggregator!r}"
+        )
+    if config.network.loss:
+        raise ScenarioError(
+            "network.loss: the FPDGD audit expected 0 (the aggregate view assumes every "
+            "client that trained in a round was aggregated)"
+        )
 
 
 def _build_canary(ctx, proto, group, aid, queries, rng):
     cls = FPDGDCanary if ctx.config.federation.protocol == fpdgd.NAME else ESCanary
-    index = canary_ids(ctx).index(aid)
+    index = canary_ids(ctx.config).index(aid)
     return cls(aid, ctx, queries, rng, bits=group.params.bits, index=index)
 
 
@@ -446,7 +461,7 @@ AUDITORS = {fpdgd.NAME: FPDGDAuditor, foltr_es.NAME: ESAuditor, csfltr.NAME: Ske
 def _build_auditor(ctx, proto, group, aid, queries, rng):
     cls = AUDITORS[ctx.config.federation.protocol]
     p = group.params
-    return cls(aid, ctx, p.view, _bits(ctx), p.confidence)
+    return cls(aid, ctx, p.view, next(iter(_bits(ctx.config)), "round"), p.confidence)
 
 
 #: what this module provides: ``foltr_async.plugins.load_plugins`` installs it
@@ -458,6 +473,7 @@ PROVIDES = (
         (fpdgd.NAME, foltr_es.NAME),
         CanaryParams,
         _build_canary,
+        check=_check_canary,
     ),
     BehaviourEntry(
         AUDITOR,
@@ -466,5 +482,6 @@ PROVIDES = (
         tuple(AUDITORS),
         AuditorParams,
         _build_auditor,
+        check=_check_auditor,
     ),
 )

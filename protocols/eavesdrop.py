@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from foltr_async.config import AgentGroup, RunConfig
 from foltr_async.errors import ScenarioError
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.params import param, parameters
@@ -342,17 +343,17 @@ class ESEavesdropper(TapEavesdropper):
         }
 
 
-def _targets(ctx, group: dict) -> list[str] | None:
-    """The scenario's ``targets``: "all" (None) or a list of existing client ids."""
+def check_targets(config: RunConfig, group: AgentGroup) -> None:
+    """``targets``: "all" or a list of existing client ids."""
     value = group.params.targets
     if value == "all":
-        return None
+        return
     if isinstance(value, str) or not value or not all(isinstance(t, str) for t in value):
         raise ScenarioError(
             f'agents: eavesdropper targets: expected "all" or a non-empty list '
             f"of client ids, got {value!r}"
         )
-    n = ctx.config.n_clients
+    n = config.n_clients
     known = {client_id(i) for i in range(n)}
     unknown = [t for t in value if t not in known]
     if unknown:
@@ -360,7 +361,6 @@ def _targets(ctx, group: dict) -> list[str] | None:
             f"agents: eavesdropper targets: no client {unknown[0]!r} "
             f"(ids are {client_id(0)} .. {client_id(n - 1)})"
         )
-    return sorted(set(value))
 
 
 @parameters
@@ -369,8 +369,14 @@ class Params:
     candidates: int = param(10, "FPDGD query inference: candidate queries per guess", min=2)
 
 
+def targets_of(group: AgentGroup) -> list[str] | None:
+    """The tapped client ids (None: every link)."""
+    value = group.params.targets
+    return None if value == "all" else sorted(set(value))
+
+
 def _build(ctx, proto, group, aid, queries, rng):
-    targets = _targets(ctx, group)
+    targets = targets_of(group)
     cls = REGISTRY.eavesdroppers[ctx.config.federation.protocol]
     return cls.for_group(ctx, aid, targets, group, rng)
 
@@ -386,5 +392,6 @@ PROVIDES = (
         REGISTRY.eavesdroppers.keys(),  # a live view: a plugin's eavesdropper adds its protocol
         Params,
         _build,
+        check=check_targets,
     ),
 )

@@ -186,8 +186,10 @@ def label_view(qs: QuerySet, labels: np.ndarray, name: str) -> QuerySet:
     )
 
 
-def _click_models(spec: PartitionParams, n_grades: int) -> list:
-    models = []
+def check_partition(config: RunConfig) -> None:
+    """What the partition's keys rule out among themselves (the data's intents and grades are
+    checked when it is built)."""
+    spec = config.partition
     for i, name in enumerate(spec.click_models):
         if name not in MODEL_NAMES or name == "pbm":
             raise ScenarioError(
@@ -195,7 +197,12 @@ def _click_models(spec: PartitionParams, n_grades: int) -> list:
                 f"model (perfect, navigational, informational, poison), got "
                 f"{name!r}; use pbm_eta for position-based users"
             )
-        models.append(cascade(name, n_grades))
+    if spec.merge_intents and not spec.intents:
+        raise ScenarioError("federation.partition.merge_intents: needs intents to merge")
+
+
+def _click_models(spec: PartitionParams, n_grades: int) -> list:
+    models = [cascade(name, n_grades) for name in spec.click_models]
     for eta in spec.pbm_eta:
         models.append(make_click_model("pbm", n_grades, gamma_user=eta))
     return models
@@ -244,8 +251,6 @@ def build_partition(ctx: RunContext, n_clients: int, rng: np.random.Generator) -
                 )
                 for k in intents
             )
-    elif spec.merge_intents:
-        raise ScenarioError("federation.partition.merge_intents: needs intents to merge")
     else:
         views = [train.labels]
         test_sets = ()
@@ -542,6 +547,7 @@ PROVIDES = (
         "non-IID types 1-4 (Wang & Zuccon 2022) and their IID counterparts",
         PartitionParams,
         build_partition,
+        check=check_partition,
     ),
     ProtocolEntry(
         "fpdgd_remedies",

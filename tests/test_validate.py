@@ -72,29 +72,66 @@ def test_build_checks_what_only_the_data_shows(tmp_path, capsys):
     assert "clients" in capsys.readouterr().err
 
 
+AUDIT = ["privacy_audit.toml", "--only"]
+
+
 @pytest.mark.parametrize(
-    ("file", "sets", "says"),
-    [  # a protocol's own cross-key rules (``ProtocolRun.check``), one per protocol that has any
-        ("unlearn_strategies.toml", ["federation.params.dp=true"], "'retrain' with dp = true"),
-        ("csfltr.toml", ["federation.clients=1"], "cross-silo modes need at least 2 parties"),
+    ("args", "says"),
+    [  # a protocol's own rules across keys (``ProtocolRun.check``), one per protocol with any,
+        # and an agent group's (``BehaviourEntry.check``): the privacy audit's
+        (["unlearn_strategies.toml", "--set", "federation.params.dp=true"], "'retrain' with dp"),
+        (["csfltr.toml", "--set", "federation.clients=1"], "cross-silo modes need at least 2"),
         (
-            "fpdgd_vs_foltres.toml",
-            ["federation.params.p=0.5", "federation.params.metric=dcg"],
+            ["fpdgd_vs_foltres.toml", "--only", "FOLtR-ES-p0.25"]
+            + ["--set", "federation.params.p=0.5", "--set", "federation.params.metric=dcg"],
             "metric 'maxrr'",
         ),
-        ("async_fpdgd.toml", ["federation.params.rho=100"], "expected lr * rho < 2"),
-        ("fpdgd_vs_foltres.toml", ['network.flgo.completeness="PDU"'], "expected 'IDL'"),
+        (
+            ["async_fpdgd.toml", "--only", "fedasync", "--set", "federation.params.rho=100"],
+            "expected lr * rho < 2",
+        ),
+        (["fpdgd_vs_foltres.toml", "--set", 'network.flgo.completeness="PDU"'], "expected 'IDL'"),
+        (
+            [*AUDIT, "FPDGD-dp-4.5-5", "--set", "federation.params.dp=false"],
+            "agents: canary: expected federation.params.dp = true",
+        ),
+        (
+            [*AUDIT, "FPDGD-dp-4.5-5", "--set", 'federation.aggregator="median"'],
+            "the FPDGD audit expected 'fedavg'",
+        ),
+        ([*AUDIT, "FPDGD-dp-4.5-5", "--set", "network.loss=0.1"], "audit expected 0"),
+        (
+            [*AUDIT, "FOLtR-ES-p0.9", "--set", "federation.params.antithetic=false"],
+            "agents: canary: expected federation.params.metric = 'maxrr' and antithetic",
+        ),
+        (
+            [*AUDIT, "FPDGD-dp-4.5-5", "--set", 'agents=[{behaviour = "auditor"}]'],
+            "agents: auditor: expected a canary group",
+        ),
+        (
+            [*AUDIT, "FPDGD-dp-4.5-5", "--set", 'federation.params.clip_norm="l2"']
+            + ["--set", 'agents=[{behaviour = "canary", count = 2}]'],
+            "agents: canary count: expected 1 with L2 clipping",
+        ),
+        (
+            ["eavesdropper.toml", "--set"]
+            + ['agents=[{behaviour = "eavesdropper", targets = ["client-9999"]}]'],
+            "agents: eavesdropper targets: no client 'client-9999'",
+        ),
+        (
+            ["noniid_type1.toml", "--set", "federation.partition.merge_intents=true"]
+            + ["--set", "federation.partition.intents=[]"],
+            "merge_intents: needs intents to merge",
+        ),
+        (
+            [*AUDIT, "CS-F-LTR-eps-0.5", "--set", "federation.params.canary=false"],
+            "agents: auditor: expected federation.params.canary = true",
+        ),
     ],
 )
-def test_a_protocols_cross_key_rules_are_checked_without_building(
-    nothing_built, file, sets, says, capsys
-):
+def test_the_rules_across_keys_are_checked_without_building(nothing_built, args, says, capsys):
     """Each rule refuses in one line; ``--only`` picks the variants an override fits."""
-    only = {"fpdgd_vs_foltres.toml": "FOLtR-ES-p0.25", "async_fpdgd.toml": "fedasync"}
-    args = [x for s in sets for x in ("--set", s)]
-    if file in only and "flgo" not in sets[0]:
-        args += ["--only", only[file]]
-    assert main(["validate", str(ROOT / "scenarios" / file), *args]) == 2
+    assert main(["validate", str(ROOT / "scenarios" / args[0]), *args[1:]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
 

@@ -394,7 +394,8 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
 
 def _protocol_rules(cfg: RunConfig, proto, where: str) -> None:
     """What the variant's protocol can run (logged data, FLGo's completeness), then the
-    protocol's own cross-key rules (``ProtocolRun.check``)."""
+    protocol's own rules across keys (``ProtocolRun.check``), the partitioner's
+    (``PartitionEntry.check``) and each agent group's (``BehaviourEntry.check``)."""
     run, name = proto.build, proto.name
     if cfg.dataset.replayed:
         if not run.replays:
@@ -427,6 +428,13 @@ def _protocol_rules(cfg: RunConfig, proto, where: str) -> None:
         )
     try:
         run.check(cfg)
+        partitioner = REGISTRY.partitioner
+        if cfg.partition is not None and partitioner.check is not None:
+            partitioner.check(cfg)
+        for group in cfg.agents:
+            behaviour = REGISTRY.behaviours[group.behaviour]
+            if behaviour.check is not None:
+                behaviour.check(cfg, group)
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
 

@@ -71,7 +71,7 @@ def _build(ctx, spec: Summable, settings: dict) -> SecureRun:
 
 
 def _build_eavesdropper(ctx, proto, group, aid, queries, rng):
-    targets, candidates = eavesdrop._targets(ctx, group), group.params.candidates
+    targets, candidates = eavesdrop.targets_of(group), group.params.candidates
     return MaskedEavesdropper(aid, ctx, targets, rng, candidates)
 
 
@@ -93,5 +93,6 @@ PROVIDES = (
         (fpdgd.NAME,),
         eavesdrop.Params,
         _build_eavesdropper,
+        check=eavesdrop.check_targets,
     ),
 )
