@@ -32,12 +32,14 @@ from foltr_async.ltr.threads import one_blas_thread
 from foltr_async.observe.observer import Observer
 from foltr_async.registry import REGISTRY
 from foltr_async.rng import stream
-from foltr_async.run_state import Records, RunCheckpoint, check_run_ranges, check_run_state
+from foltr_async.run_result import repeat_result
+from foltr_async.run_saving import RunSaver
+from foltr_async.run_state import Records, RunCheckpoint
 from foltr_async.runtime import heap
 from foltr_async.runtime.agent import Agent, client_id
-from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy, staleness_summary
+from foltr_async.runtime.async_engine import AsyncServerAgent, AsyncStrategy
 from foltr_async.runtime.bus import Bus, MemoryBus
-from foltr_async.runtime.checkpoint import Checkpointed, CheckpointError
+from foltr_async.runtime.checkpoint import CheckpointError
 from foltr_async.runtime.engine import RoundPlan, RoundReport, ServerAgent
 from foltr_async.runtime.flgo import FlgoClient, FlgoSystem
 from foltr_async.runtime.secure import SecureRun
@@ -142,26 +144,6 @@ def replay_partition(logs: tuple[UserLog, ...], time_scale: float, probe: Probe)
     return Partition(clients, facts=facts)
 
 
-def contributions(reports: list[RoundReport]) -> dict[str, Any]:
-    """Clients whose update went into each round's model (0: the round kept the old model,
-    e.g. nobody online or fewer replies than ``min_clients``, or the server played it alone),
-    every phase in round order; the empty rounds (no update taken, in a round that asked
-    clients) and the rounds the server played alone; and the rounds (periods) that began with
-    no client online, and their simulated seconds."""
-    per_round = [len(r.clients) if r.aggregated else 0 for r in reports]
-    nobody = [r for r in reports if r.online == 0]
-    return {
-        "per_round": per_round,
-        "empty_rounds": sum(
-            not (n or r.server_only) for n, r in zip(per_round, reports, strict=True)
-        ),
-        "server_rounds": sum(r.server_only for r in reports),
-        "nobody_online_rounds": len(nobody),
-        "nobody_online_s": sum((r.duration for r in nobody), 0.0),
-        "rounds_s": sum((r.duration for r in reports), 0.0),
-    }
-
-
 class Remote(Protocol):
     """The server side of a multi-process transport (``foltr_async.distributed``).
 
@@ -222,6 +204,8 @@ class Simulation:
         self.checkpoint = checkpoint
         self.agents: dict[str, Agent] = {}
         self.groups: dict[str, list[str]] = {"clients": [], "attackers": [], "eavesdroppers": []}
+        #: its checkpoint state: what a checkpoint holds of this run, and loading it back
+        self.saver = RunSaver(self)
 
     def emit(self, event: str, **fields: Any) -> None:
         log.info(event, variant=self.variant, repeat=self.repeat, **fields)
@@ -373,7 +357,9 @@ class Simulation:
         finally:
             await self._stop()
             heap.thaw()
-        return self._collect()
+        return repeat_result(
+            self, time.perf_counter() - self._wall0, self._loop.time() - self._sim0
+        )
 
     def _data_event(self) -> None:
         """Log what the run reads, and which click tables its users follow (3 or 5 grades,
@@ -441,7 +427,7 @@ class Simulation:
         # transport)
         self._saved_agents = {**saved["agents"], **saved["remote"]}
         try:
-            self._restore(saved, self._saved_agents)
+            self.saver.restore(saved, self._saved_agents)
         except CheckpointError as e:
             raise CheckpointError(f"{self.checkpoint.source}: {e}") from None
         self._wall0 -= saved["wall"]
@@ -487,48 +473,6 @@ class Simulation:
                 await agent.leave()
         if self.remote is not None:
             await self.remote.end_run(self)
-
-    def _collect(self) -> dict:
-        """The run's results: curves, online metric, messages, protocol and transport facts."""
-        records = self.records
-        curve = records.curve
-        # a synchronous run's users record the round they were served in, an asynchronous
-        # run's the model version: only the first is the evaluations' round
-        sync = not isinstance(self.server, AsyncServerAgent)
-        online, online_at = self.probe.online(records.rounds if sync else ())
-        result = {
-            "seed": self.seed,
-            "rounds": records.rounds,
-            "initial": records.initial,  # offline metrics of the model before round 1
-            "offline": {k: [m[k] for m in curve] for k in (curve[0] if curve else {})},
-            "sim_times": records.times,  # simulated seconds at each evaluation
-            "online": online,
-            "messages": self.bus.stats.as_dict(),
-            "late_replies": self.server.late_replies,
-            "contributions": contributions(records.reports),
-            "wall_s": time.perf_counter() - self._wall0,
-            "sim_s": self._loop.time() - self._sim0,
-        }
-        if sync:
-            result["online_at"] = online_at  # the online metric through each evaluated round
-        if self.remote is None:  # remote users' records arrive only at checkpoints and the end
-            result["interactions"] = records.interactions  # users' interactions by each evaluation
-        if self.ctx.judged_queries is not None:
-            result["judged_queries"] = self.ctx.judged_queries
-        result.update(self.proto.report())
-        if isinstance(self.server, AsyncServerAgent):
-            result["staleness"] = staleness_summary(self.server.staleness)
-            result["versions"] = self.server.version
-        if self.ctx.partition is not None:
-            result["partition"] = self.ctx.partition.facts
-        if self.ctx.flgo is not None:
-            result["flgo"] = self.ctx.flgo.report()
-        if self.secure is not None:
-            result.update(self.secure.report())
-        if self.remote is not None:
-            result["transport"] = self.remote.report()
-        result.update(self.probe.extras)
-        return result
 
     # ------------------------------------------------------------------ the server's callbacks
 
@@ -591,108 +535,9 @@ class Simulation:
     async def _checkpoint_round(self, report: RoundReport) -> None:
         """Every ``checkpoint.every`` rounds of the training phase: save the run."""
         if report.round <= self.plan.rounds and report.round % self.checkpoint.every == 0:
-            await self._save(
+            await self.saver.save(
                 report.round,
                 self._loop.time(),
                 self._sim0,
                 time.perf_counter() - self._wall0,
             )
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def shared_objects(self) -> dict[str, Any]:
-        """The run's machinery by name: checkpoints refer to it, never copy it."""
-        ctx = self.ctx
-        named: dict[str, Any] = {
-            "sim": self,
-            "observer": self.observer,
-            "ctx": ctx,
-            "cfg": self.cfg,
-            "bus": self.bus,
-            "probe": self.probe,
-            "data": ctx.data,
-            "train": ctx.data.train,
-            "test": ctx.data.test,
-            "aggregator": ctx.aggregator,
-            "proto": self.proto,
-            "strategy": self.proto.strategy,
-            "network": getattr(self.bus, "network", None),
-        }
-        if getattr(self, "server", None) is not None:
-            named["server"] = self.server
-        if self.secure is not None:
-            named["secure"] = self.secure
-            named["secure.server"] = self.secure.server
-        named.update({f"shared:{k}": v for k, v in ctx.shared_objects().items()})
-        named.update({f"agent:{aid}": a for aid, a in self.agents.items()})
-        return {k: v for k, v in named.items() if v is not None}
-
-    def capture_agents(self, ids: list[str]) -> dict[str, dict]:
-        """Each listed local agent's lifecycle state and checkpoint state."""
-        shared = self.shared_objects()
-        return {
-            aid: {
-                "state": self.agents[aid].state,
-                "blob": self.agents[aid].checkpoint_state(shared),
-            }
-            for aid in ids
-        }
-
-    def restore_agents(self, saved: dict[str, dict]) -> None:
-        """Load ``capture_agents`` output into this run's freshly built (unstarted) agents."""
-        shared = self.shared_objects()
-        for aid, entry in saved.items():
-            if aid in self.agents and not self.agents[aid].remote:
-                try:
-                    self.agents[aid].restore_state(entry["blob"], shared)
-                except CheckpointError as e:
-                    raise CheckpointError(f"agent {aid}: {e}") from None
-
-    def _checkpointed(self) -> dict[str, Checkpointed | None]:
-        """The run's objects besides its agents whose state a checkpoint holds (each class
-        declares which of its attributes that is), by their key in the checkpoint."""
-        return {
-            "server": self.server,
-            "strategy": self.proto.strategy,
-            "proto": self.proto,
-            "secure": self.secure.server if self.secure is not None else None,
-            "flgo": self.ctx.flgo,
-            "bus": self.bus,
-            "probe": self.probe,
-        }
-
-    async def _save(self, round: int, now: float, sim0: float, wall: float) -> None:
-        if self.bus.in_flight:  # a late message is on its way: checkpoint at a quieter round
-            self.emit("checkpoint_deferred", round=round, in_flight=self.bus.in_flight)
-            return
-        remote = await self.remote.snapshot(self) if self.remote is not None else {}
-        shared = self.shared_objects()
-        local = [a for a, ag in self.agents.items() if not ag.remote]
-        state = {
-            "round": round,
-            "now": now,
-            "sim0": sim0,
-            "wall": wall,
-            **self.records.state(),
-            "agents": self.capture_agents(local),
-            "remote": remote,
-        }
-        for key, obj in self._checkpointed().items():
-            state[key] = obj.checkpoint_state(shared) if obj is not None else None
-        self.checkpoint.save(state)
-        self.emit("checkpoint", round=round)
-
-    def _restore(self, saved: dict, agents: dict[str, dict]) -> None:
-        check_run_state(saved, self._checkpointed())
-        local = {aid for aid, agent in self.agents.items() if not agent.remote}
-        check_run_ranges(saved, self.plan.rounds, set(self.agents), local)
-        shared = self.shared_objects()
-        self.restore_agents(agents)
-        for key, obj in self._checkpointed().items():
-            if saved[key] is not None:
-                obj.restore_state(saved[key], shared)
-        self.records.load(saved)
-        for aid, agent in self.agents.items():  # a proxy's count comes from the round reports
-            if agent.remote:
-                agent.rounds_joined = sum(aid in r.clients for r in saved["reports"])
-        self.emit("resumed", round=saved["round"])

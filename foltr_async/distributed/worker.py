@@ -112,7 +112,9 @@ class AgentHost:
         link.bus = self.bus
 
     def start(self, agents: dict) -> dict:
-        self.sim.restore_agents({a: e for a, e in agents.items() if e.get("blob") is not None})
+        self.sim.saver.restore_agents(
+            {a: e for a, e in agents.items() if e.get("blob") is not None}
+        )
         for aid, spec in agents.items():
             agent = self.sim.agents.get(aid)
             if agent is None:
@@ -177,7 +179,7 @@ class AgentHost:
 
     def snapshot(self) -> dict:
         ids = [a for a in self.ids if a in self.sim.agents]
-        agents = self.sim.capture_agents(ids)
+        agents = self.sim.saver.capture_agents(ids)
         for aid in ids:
             agents[aid]["seq"] = self.bus.seqs_of(aid)
             agents[aid]["seen"] = self.bus.seen_by(aid)
