@@ -672,11 +672,9 @@ def _cmd_validate(argv: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(
-            f"{path}: ok ({len(sc.variants)} variant{'s' * (len(sc.variants) != 1)} x "
-            f"{sc.repeats} repeats: "
-            f"{', '.join(sc.variants)})"
-        )
+        n = len(sc.variants)
+        variants = f"{n} variant" if n == 1 else f"{n} variants"
+        print(f"{path}: ok ({variants} x {sc.repeats} repeats: {', '.join(sc.variants)})")
     if failed:
         print(f"{failed} of {len(args.scenario)} scenario files failed", file=sys.stderr)
     return 2 if failed else 0
