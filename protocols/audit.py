@@ -388,6 +388,11 @@ def _bits(config: RunConfig) -> set[str]:
     return {g.params.bits for g in config.agents if g.behaviour == CANARY}
 
 
+def _canaries_bits(config: RunConfig) -> str:
+    """The one bit mode the checked run's canaries share ("round" when it has none)."""
+    return min(_bits(config), default="round")
+
+
 def _check_canary(config: RunConfig, group: AgentGroup) -> None:
     """A mechanism to audit, in the form the protocol's canary sends its worst case through."""
     p = config.params
@@ -461,7 +466,7 @@ AUDITORS = {fpdgd.NAME: FPDGDAuditor, foltr_es.NAME: ESAuditor, csfltr.NAME: Ske
 def _build_auditor(ctx, proto, group, aid, queries, rng):
     cls = AUDITORS[ctx.config.federation.protocol]
     p = group.params
-    return cls(aid, ctx, p.view, next(iter(_bits(ctx.config)), "round"), p.confidence)
+    return cls(aid, ctx, p.view, _canaries_bits(ctx.config), p.confidence)
 
 
 #: what this module provides: ``foltr_async.plugins.load_plugins`` installs it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -98,3 +99,17 @@ def test_executor_work_is_waited_for_not_a_deadlock():
     value, elapsed = run(main())  # the runner also shuts the default executor down cleanly
     assert value == 42
     assert 0.01 <= elapsed < 60.0  # virtual time followed the real wait (loose: loaded CI)
+
+
+def test_a_loop_interrupted_while_it_is_built_is_collected_without_a_traceback(monkeypatch):
+    # Ctrl-C can land between two repeats, inside the next loop's constructor
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(VirtualTimeLoop, "_make_self_pipe", interrupted)
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    with pytest.raises(KeyboardInterrupt):
+        VirtualTimeLoop()
+    gc.collect()
+    assert unraisable == []

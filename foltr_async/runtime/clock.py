@@ -92,6 +92,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(_VirtualSelector(self._clock, ref))
         ref[0] = self
 
+    def __del__(self, *args: Any) -> None:
+        # a Ctrl-C inside ``__init__`` leaves a loop without its self-pipe, whose stock
+        # ``__del__`` would print a traceback while the interrupted run exits cleanly
+        if hasattr(self, "_ssock"):
+            super().__del__(*args)
+
     def time(self) -> float:
         return self._clock.now
 

@@ -388,11 +388,11 @@ def validate(raw: dict[str, Any], where: str, default_name: str = "scenario") ->
         params=proto.params(**fed["params"]),
         partition=REGISTRY.partitioner.params.of(fed["partition"]) if fed["partition"] else None,
     )
-    _protocol_rules(run, proto, where)
+    _rules_across_keys(run, proto, where)
     return run
 
 
-def _protocol_rules(cfg: RunConfig, proto, where: str) -> None:
+def _rules_across_keys(cfg: RunConfig, proto, where: str) -> None:
     """What the variant's protocol can run (logged data, FLGo's completeness), then the
     protocol's own rules across keys (``ProtocolRun.check``), the partitioner's
     (``PartitionEntry.check``) and each agent group's (``BehaviourEntry.check``)."""
