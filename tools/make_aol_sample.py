@@ -18,13 +18,16 @@ generator shaped like the log.
 - ``metadata.csv`` has the release's columns (qid, user_id, timestamp, query, target_doc_id,
   candidate_doc_ids); qids number the rows in time order, as the release's do.
 
-With ``--users 1000 --queries 50`` it writes ~1M LETOR lines (the reader's benchmark).
+With ``--users 1000 --queries 50`` it writes ~1M LETOR lines (the reader's benchmark); memory
+stays bounded at any size (``--users 10000 --queries 250``: ~50 M lines, ~60 GB, the release's
+shape).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import shutil
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +46,7 @@ START = datetime(2006, 3, 1, tzinfo=UTC)
 #: 0-based columns holding counts / lengths (integers in the release) and exact-match flags
 INTEGER = np.r_[27:30, 81:84, 87:93, 102]
 BINARY = np.r_[96:99]
+PART = 1 << 16  # queries generated and written at a time (~1.3 M lines)
 
 
 def make_sample(
@@ -64,31 +68,43 @@ def make_sample(
 
     loading = rng.standard_normal((FACTORS, N_FEATURES)) / np.sqrt(FACTORS)
     scale = 10.0 ** rng.uniform(-2, 3, size=N_FEATURES)
-    feats = np.empty((n_q * DOCS, N_FEATURES), dtype=np.float32)
-    labels = np.zeros((n_q, DOCS), dtype=np.int8)
     clicked = np.empty(n_q, dtype=np.int64)
-    for q0 in range(0, n_q, 4096):  # bounded float64 temporaries on ~1M-line samples
-        q1 = min(n_q, q0 + 4096)
-        z = rng.standard_normal((q1 - q0, DOCS, FACTORS))
-        utility = np.einsum("qdf,qf->qd", z, taste_of[q0:q1]) + rng.gumbel(size=(q1 - q0, DOCS))
-        clicked[q0:q1] = utility.argmax(axis=1)
-        signal = z @ loading + 1.5 * rng.standard_normal((q1 - q0, DOCS, N_FEATURES))
-        # constant within a query, as the globally normalised columns nearly are
-        signal[:, :, GLOBAL_FEATURES] = rng.standard_normal((q1 - q0, 1, len(GLOBAL_FEATURES)))
-        f = scale * np.logaddexp(0.0, signal)  # softplus: non-negative, raw scales
-        f[:, :, INTEGER] = np.round(f[:, :, INTEGER])
-        f[:, :, BINARY] = signal[:, :, BINARY] > 0.5
-        feats[q0 * DOCS : q1 * DOCS] = np.round(f, 6).reshape(-1, N_FEATURES)
-    labels[np.arange(n_q), clicked] = 1
-
-    qids = np.arange(n_q)
-    qs = QuerySet(
-        feats,
-        labels.reshape(-1),
-        np.arange(0, n_q * DOCS + 1, DOCS, dtype=np.int64),
-        qids.astype(str),
-    )
-    write_letor(qs, folder / "letor.txt")
+    letor = folder / "letor.txt"
+    part = folder / ".letor.part"
+    with open(letor, "wb") as out:
+        # written PART queries at a time (bounded memory at the release's 50 M lines); PART
+        # is a multiple of the 4096-query step, so the draws are those of one pass
+        for p0 in range(0, n_q, PART):
+            p1 = min(n_q, p0 + PART)
+            feats = np.empty(((p1 - p0) * DOCS, N_FEATURES), dtype=np.float32)
+            for q0 in range(p0, p1, 4096):  # bounded float64 temporaries
+                q1 = min(p1, q0 + 4096)
+                z = rng.standard_normal((q1 - q0, DOCS, FACTORS))
+                utility = np.einsum("qdf,qf->qd", z, taste_of[q0:q1])
+                utility += rng.gumbel(size=(q1 - q0, DOCS))
+                clicked[q0:q1] = utility.argmax(axis=1)
+                signal = z @ loading + 1.5 * rng.standard_normal((q1 - q0, DOCS, N_FEATURES))
+                # constant within a query, as the globally normalised columns nearly are
+                signal[:, :, GLOBAL_FEATURES] = rng.standard_normal(
+                    (q1 - q0, 1, len(GLOBAL_FEATURES))
+                )
+                f = scale * np.logaddexp(0.0, signal)  # softplus: non-negative, raw scales
+                f[:, :, INTEGER] = np.round(f[:, :, INTEGER])
+                f[:, :, BINARY] = signal[:, :, BINARY] > 0.5
+                rows = slice((q0 - p0) * DOCS, (q1 - p0) * DOCS)
+                feats[rows] = np.round(f, 6).reshape(-1, N_FEATURES)
+            labels = np.zeros((p1 - p0, DOCS), dtype=np.int8)
+            labels[np.arange(p1 - p0), clicked[p0:p1]] = 1
+            qs = QuerySet(
+                feats,
+                labels.reshape(-1),
+                np.arange(0, (p1 - p0) * DOCS + 1, DOCS, dtype=np.int64),
+                np.arange(p0, p1).astype(str),
+            )
+            write_letor(qs, part)
+            with open(part, "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 24)
+            part.unlink()
     with open(folder / "metadata.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["qid", "user_id", "timestamp", "query", "target_doc_id", "candidate_doc_ids"])
