@@ -1,6 +1,6 @@
-"""Suite ``parse``: LETOR parsing from text (cold cache: hash + parse + cache write) and from
-the binary cache, on ``--data`` or on a written MSLR-like file, extrapolated to the MSLR-WEB10K
-Fold1 training file."""
+"""Suite ``parse``: a LETOR file's first load (one streaming conversion into its memory-mapped
+store) and a later one (the store mapped), on ``--data`` or on a written MSLR-like file,
+extrapolated to the MSLR-WEB10K Fold1 training file."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def letor_like(
 
 
 def bench_parse(sz: Sizes, seed: int, workdir: Path, data_file: Path | None) -> dict[str, dict]:
-    """Cold parse (hash + parse + cache write) and cached load of one LETOR file."""
+    """First load (conversion into the store) and later load (the store mapped) of one LETOR
+    file."""
     from foltr_async.ltr.data import load_letor, write_letor
 
     if data_file is None:

@@ -770,9 +770,22 @@ def _cmd_dataset(argv: list[str]) -> int:
         help="the collection's folder, one fold's folder (train.txt, test.txt, optional "
         "vali.txt) or a training file with test.txt beside it",
     )
+    convert = sub.add_parser(
+        "convert",
+        help="convert LETOR files (or an AOL4FOLTR folder) into their memory-mapped stores now, "
+        "with progress, so runs map them instead of reading the text",
+    )
+    convert.add_argument("paths", type=Path, nargs="+", help="LETOR files or fold folders")
+    convert.add_argument(
+        "--aol",
+        action="store_true",
+        help="the paths are AOL4FOLTR folders (metadata.csv, letor.txt)",
+    )
     args = p.parse_args(argv)
     if args.action == "check":
         return _dataset_check(args.path)
+    if args.action == "convert":
+        return _dataset_convert(args.paths, args.aol)
     from foltr_async.ltr.synthetic import make_dataset_files
 
     for path in make_dataset_files(args.profile, args.out, args.seed, n_queries=args.queries):
@@ -819,37 +832,88 @@ def _cmd_traces(argv: list[str]) -> int:
 PROGRESS_BYTES = 100 * 2**20
 
 
-def _dataset_check(path: Path) -> int:
-    """``dataset check PATH``: the report on stdout, progress of large files on stderr."""
-    import time
-
-    from foltr_async.ltr.catalog import check
-
+def _file_progress(verb: str):
+    """``progress(file, bytes_done, size)`` for large files on stderr: a line redrawn on a
+    terminal, quarters when stderr is a file."""
     tty = sys.stderr.isatty()
     shown: dict[Path, int] = {}
 
     def progress(file: Path, done: int, size: int) -> None:
         if size < PROGRESS_BYTES:
             return
-        step = done * 4 // size  # quarters when stderr is a file, every block on a terminal
+        step = done * 4 // size
         if tty or step > shown.get(file, 0):
             shown[file] = step
             end = "\n" if done >= size or not tty else ""
             print(
-                f"\r  reading {file}: {done / 2**20:,.0f} of {size / 2**20:,.0f} MB",
+                f"\r  {verb} {file}: {done / 2**20:,.0f} of {size / 2**20:,.0f} MB",
                 end=end,
                 file=sys.stderr,
                 flush=True,
             )
 
+    return progress
+
+
+def _dataset_check(path: Path) -> int:
+    """``dataset check PATH``: the report on stdout, progress of large files on stderr."""
+    import time
+
+    from foltr_async.ltr.catalog import check
+
     t0 = time.perf_counter()
-    report = check(path, progress)
+    report = check(path, _file_progress("reading"))
     for line in report.lines():
         print(line)
     print(
         f"  checked {report.bytes / 2**20:,.1f} MB in {time.perf_counter() - t0:.1f} s "
         f"({report.parsed / 2**20:,.1f} MB parsed; the rest repeats parsed files byte for byte)"
     )
+    return 0
+
+
+def _dataset_convert(paths: list[Path], aol: bool) -> int:
+    """``dataset convert PATH...``: each file's store, converted unless current."""
+    import time
+
+    import numpy as np
+
+    from foltr_async.errors import DatasetError
+    from foltr_async.ltr.aol import aol_files, cached_metadata, letor_store
+    from foltr_async.ltr.column_store import CacheUnwritable, store_for
+    from foltr_async.ltr.data import fold_files
+    from foltr_async.observe.log import configure_logging
+
+    # the progress line and the line per file say what the conversion's log events would
+    configure_logging(events_path=None, json_logs=False, level="warning", console=False)
+    progress = _file_progress("converting")
+    files: list[Path] = []
+    for p in paths:
+        if aol or p.is_file():
+            files.append(p)
+        else:
+            files.extend(f for f in fold_files(p).values() if f is not None)
+    for f in files:
+        t0 = time.perf_counter()
+        try:
+            if aol:
+                meta, letor = aol_files(f)
+                log = cached_metadata(meta)
+                store = letor_store(letor, progress=progress)
+                extra = f", {len(np.unique(log.users)):,} users"
+            else:
+                store = store_for(f, progress=progress)
+                extra = ""
+        except CacheUnwritable as exc:
+            raise DatasetError(
+                f"{exc.filename}: cannot write the cache folder ({exc.strerror})"
+            ) from None
+        mb = sum(x.stat().st_size for x in store.folder.iterdir()) / 2**20
+        print(
+            f"{f}: {store.n_queries:,} queries, {len(store.labels):,} documents x "
+            f"{store.features.shape[1]} features{extra}; store {store.folder} ({mb:,.0f} MB), "
+            f"ready in {time.perf_counter() - t0:.1f} s"
+        )
     return 0
 
 

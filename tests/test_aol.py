@@ -403,3 +403,43 @@ def test_a_replayed_log_over_zeromq_is_one_line_before_anything_starts(tmp_path,
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "[variant sync]: dataset.format: 'aol4foltr'" in err and "ZeroMQ" in err, err
     assert not (out / "results.json").exists() and not (out / "workers").exists()
+
+
+def test_later_loads_map_the_store_and_the_cached_metadata(release, monkeypatch):
+    from foltr_async.ltr import aol, column_store
+
+    first = load_aol(release, 3, seed=2)
+    conversions, reads = [], []
+    real_convert, real_read = column_store._convert, aol.read_metadata
+    monkeypatch.setattr(
+        column_store, "_convert", lambda *a: conversions.append(a) or real_convert(*a)
+    )
+    monkeypatch.setattr(aol, "read_metadata", lambda p: reads.append(p) or real_read(p))
+    again = load_aol(release, 3, seed=2)
+    other = load_aol(release, 4, select="most_active", normalise=False)
+    assert conversions == [] and reads == []  # neither file is read as text again
+    uncached = load_aol(release, 3, seed=2, cache=False)
+    for a, b in ((first, again), (first, uncached)):
+        np.testing.assert_array_equal(a.train.features, b.train.features)
+        np.testing.assert_array_equal(a.test.labels, b.test.labels)
+        assert [u.user for u in a.users] == [u.user for u in b.users]
+    assert other.train.n_queries + other.test.n_queries == len(LOG)
+
+    (release / "metadata.csv").write_text((release / "metadata.csv").read_text() + "\n")
+    load_aol(release, 3, seed=2)
+    assert len(reads) == 2  # cache=False, then the edited file
+
+
+def test_dataset_convert_makes_the_stores_a_run_maps(release, tmp_path, capsys):
+    letor = tmp_path / "fold" / "train.txt"
+    letor.parent.mkdir()
+    letor.write_text("2 qid:a 1:0.5 3:1\n0 qid:a 1:0.25\n1 qid:b 2:3\n")
+    (letor.parent / "test.txt").write_text("1 qid:c 1:1\n")
+    assert cli.main(["dataset", "convert", "--aol", str(letor.parent)]) == 2
+    assert "an AOL4FOLTR folder holds" in capsys.readouterr().err  # --aol: paths are releases
+    assert cli.main(["dataset", "convert", str(letor.parent)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "train.txt: 2 queries, 3 documents x 3 features" in out[0]
+    assert cli.main(["dataset", "convert", "--aol", str(release)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(LOG)} queries" in out and "4 users" in out

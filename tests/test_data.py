@@ -1,7 +1,8 @@
-"""LETOR reader/writer/cache: unit tests, a reference-parser differential test, round trips."""
+"""LETOR reader/writer/store: unit tests, a reference-parser differential test, round trips."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -12,15 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from foltr_async.errors import DatasetError
-from foltr_async.ltr import data
-from foltr_async.ltr.data import (
-    MAX_FEATURE_ID,
-    load_fold,
-    load_letor,
-    normalise_per_query,
-    write_letor,
-)
+from foltr_async.ltr import column_store, letor_parse
+from foltr_async.ltr.cache import cache_dir
+from foltr_async.ltr.data import load_fold, load_letor, write_letor
+from foltr_async.ltr.letor_parse import MAX_FEATURE_ID
 from foltr_async.ltr.queryset import QuerySet
+from foltr_async.ltr.scaling import normalise_per_query
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +120,7 @@ def test_an_absurd_feature_id_is_refused_before_any_matrix_is_made(tmp_path, mq2
 
 
 def test_a_feature_matrix_beyond_the_cap_names_the_line_of_its_largest_id(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "MAX_DENSE_BYTES", 4 * 1000 * 100)  # 1,000 docs x 100 features
+    monkeypatch.setattr(letor_parse, "MAX_DENSE_BYTES", 4 * 1000 * 100)  # 1,000 docs x 100 features
     p = _write(tmp_path, "0 qid:1 1:1\n" * 999 + f"0 qid:2 {MAX_FEATURE_ID}:1\n")
     with pytest.raises(
         DatasetError,
@@ -144,7 +142,7 @@ def test_missing_file_empty_file_and_directory(tmp_path):
 
 
 def test_errors_across_blocks_report_global_line_and_first_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_BLOCK", 64)  # many tiny blocks parsed on two threads
+    monkeypatch.setattr(column_store, "CONVERT_BLOCK", 64)  # many tiny blocks, two threads
     good = [f"{i % 3} qid:{i // 4} 1:{i}.25 3:{-i}" for i in range(200)]
     p = _write(tmp_path, "\n".join(good) + "\n")
     qs = load_letor(p, cache=False)
@@ -206,48 +204,110 @@ def test_normalisation_matches_a_per_query_reference():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_cache_hit_changed_file_and_corrupt_entry(tmp_path, monkeypatch):
-    p = _write(tmp_path, "1 qid:1 1:0.5 2:1\n0 qid:2 1:2\n")
-    first = load_letor(p)
-    entries = list(data.cache_dir().glob("letor-*.npz"))
-    assert len(entries) == 1
+def _stores() -> list[Path]:
+    return sorted(cache_dir().glob("store-*"))
 
-    calls = []
-    real_parse = data._parse_file
-    monkeypatch.setattr(data, "_parse_file", lambda *a: calls.append(a) or real_parse(*a))
+
+def _counting_conversions(monkeypatch) -> list:
+    calls: list = []
+    real = column_store._convert
+    monkeypatch.setattr(column_store, "_convert", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def test_store_hit_changed_file_and_options(tmp_path, monkeypatch):
+    p = _write(tmp_path, "1 qid:1 1:0.5 2:1\n0 qid:2 1:2\n")
+    calls = _counting_conversions(monkeypatch)
+    first = load_letor(p)
+    assert len(_stores()) == 1 and len(calls) == 1
     again = load_letor(p)
-    assert _same(first, again) and calls == []  # served from the cache
+    assert _same(first, again) and len(calls) == 1  # mapped from the store
+    assert isinstance(again.features.base, np.memmap)
 
     p.write_text("1 qid:1 1:0.5 2:1\n0 qid:2 1:3\n")  # same size, new content
     changed = load_letor(p)
-    assert changed.features[1, 0] == 3 and len(calls) == 1
+    assert changed.features[1, 0] == 3 and len(calls) == 2
 
-    normed = load_letor(p, normalise=True)  # options are part of the key
-    assert len(calls) == 2 and normed.features.max() <= 1
-
-    for entry in data.cache_dir().glob("letor-*.npz"):
-        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])  # truncated
-    assert _same(load_letor(p), changed) and len(calls) == 3
-    assert _same(load_letor(p), changed) and len(calls) == 3  # rebuilt entry is used again
+    wide = load_letor(p, n_features=5)  # options are part of the key
+    assert wide.n_features == 5 and len(calls) == 3
+    normed = load_letor(p, normalise=True)  # normalised from the same store, in memory
+    assert len(calls) == 3 and normed.features.max() <= 1
 
 
-def test_cache_entry_with_flipped_byte_is_rebuilt(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate features", "flip a feature byte", "drop store.json", "flip a qptr byte"],
+)
+def test_a_damaged_store_is_built_again(tmp_path, monkeypatch, damage):
     p = _write(tmp_path, "".join(f"{i % 2} qid:{i // 3} 1:{i} 2:{i * 0.5}\n" for i in range(30)))
     ref = load_letor(p)
-    (entry,) = data.cache_dir().glob("letor-*.npz")
-    raw = bytearray(entry.read_bytes())
-    at = bytes(raw).find(np.float32(29).tobytes())  # inside the stored feature matrix
-    raw[at + 2] ^= 0x40
-    entry.write_bytes(bytes(raw))
-    assert data._read_cache(entry) is None
-    assert _same(load_letor(p), ref)
+    ref = dataclasses.replace(ref, features=np.array(ref.features))  # the damage edits in place
+    (store,) = _stores()
+    features = store / column_store.FEATURES
+    if damage == "truncate features":
+        features.write_bytes(features.read_bytes()[:-4])
+    elif damage == "flip a feature byte":
+        raw = bytearray(features.read_bytes())
+        raw[raw.find(np.float32(29).tobytes()) + 2] ^= 0x40
+        features.write_bytes(bytes(raw))
+    elif damage == "drop store.json":  # what an interrupted conversion leaves
+        (store / column_store.META).unlink()
+    else:
+        raw = bytearray((store / "qptr.npy").read_bytes())
+        raw[-3] ^= 0x01
+        (store / "qptr.npy").write_bytes(bytes(raw))
+    assert column_store.open_store(store) is None
+    calls = _counting_conversions(monkeypatch)
+    assert _same(load_letor(p), ref) and len(calls) == 1
+    assert _same(load_letor(p), ref) and len(calls) == 1  # the rebuilt store is used again
 
 
-def test_unwritable_cache_still_loads(tmp_path, monkeypatch):
+@pytest.mark.parametrize("block", [16, 1 << 20])
+def test_a_store_groups_recurring_qids_and_widens_on_disk(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(column_store, "CONVERT_BLOCK", block)  # 16: a line or two per block
+    p = _write(tmp_path, "0 qid:a 1:1\n1 qid:b 1:2 3:5\n2 qid:a 2:7\n0 qid:c 5:1\n1 qid:b 1:9\n")
+    qs = load_letor(p)
+    assert qs.qids.tolist() == ["a", "b", "c"] and qs.qptr.tolist() == [0, 2, 4, 5]
+    assert qs.labels.tolist() == [0, 2, 1, 1, 0]
+    expect = np.zeros((5, 5), dtype=np.float32)
+    expect[0, 0], expect[1, 1], expect[2, [0, 2]], expect[3, 0], expect[4, 4] = 1, 7, (2, 5), 9, 1
+    np.testing.assert_array_equal(qs.features, expect)
+    (store,) = _stores()
+    assert column_store.open_store(store).lines.tolist() == [1, 2, 4]
+
+
+def test_an_interrupted_conversion_leaves_no_store(tmp_path, monkeypatch):
+    monkeypatch.setattr(column_store, "CONVERT_BLOCK", 64)
+    p = _write(tmp_path, "".join(f"0 qid:{i} 1:{i}\n" for i in range(100)))
+
+    def interrupt(path, done, size):
+        if done > size // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        column_store.store_for(p, progress=interrupt)
+    assert list(cache_dir().iterdir()) == []  # no half-written store, no temporary folder
+    assert load_letor(p).n_queries == 100
+
+
+def test_a_store_beyond_the_free_disk_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(column_store, "CONVERT_BLOCK", 12)  # a line per block
+    monkeypatch.setattr(column_store, "_free_bytes", lambda folder: 4 * 10 * 50)
+    p = _write(tmp_path, "0 qid:1 1:1\n" * 30 + "0 qid:2 50:1\n")
+    with pytest.raises(
+        DatasetError, match=r"train\.txt:31: these documents make the store's feature matrix"
+    ) as info:
+        load_letor(p)
+    assert "31 documents x 50 features" in str(info.value) and "\n" not in str(info.value)
+    assert _stores() == []
+
+
+def test_unwritable_cache_still_loads_and_says_so(tmp_path, monkeypatch):
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("x")
     monkeypatch.setenv("FOLTR_ASYNC_CACHE", str(blocker / "sub"))
-    qs = load_letor(_write(tmp_path, "1 qid:1 1:1\n"))
+    with pytest.warns(RuntimeWarning, match="not cached: cannot write the cache folder"):
+        qs = load_letor(_write(tmp_path, "1 qid:1 1:1\n"))
     assert qs.n_docs == 1
 
 
@@ -457,11 +517,19 @@ def _garbage_lines(draw):
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(lines=_garbage_lines())
-def test_garbage_gives_dataset_error_at_the_reference_line(tmp_path, lines):
+@given(lines=_garbage_lines(), block=st.sampled_from([16, 64, column_store.CONVERT_BLOCK]))
+def test_garbage_gives_dataset_error_at_the_reference_line(tmp_path, lines, block):
+    """Tiny blocks make a store widen (a later line has a larger id) and group (a qid recurs
+    in a later block) on disk."""
     p = tmp_path / "g.txt"
     p.write_bytes("\n".join(lines).encode())
     docs, bad = _reference(lines)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(column_store, "CONVERT_BLOCK", block)
+        _check_against_reference(p, docs, bad)
+
+
+def _check_against_reference(p: Path, docs: dict, bad: int | None) -> None:
     if bad is not None:
         with pytest.raises(DatasetError, match=rf"g\.txt:{bad}: "):
             load_letor(p, cache=False)

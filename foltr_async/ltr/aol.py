@@ -13,10 +13,12 @@ repository mg98/aol4foltr, data on Zenodo) is a folder with two files linked by 
 :func:`load_aol` picks users (a seeded sample, or the most active as the authors'
 ``experiment.py`` does), splits their queries in time as ``experiment.py`` does (the first
 ``1 - test_fraction`` of the picked users' queries in logged order train, the rest are the
-held-out test set), streams ``letor.txt`` block by block keeping only those qids (the release is
-~55 GB: its text is never held whole), and normalises features as the authors'
-``AOL4FOLTRDataset`` does (:func:`normalise_aol`). Each user's training queries come with their
-logged times, so a run can replay them when they were issued.
+held-out test set), reads their documents from ``letor.txt``'s memory-mapped store
+(:mod:`ltr.column_store`: the first load converts the ~55 GB text in one streaming pass, later
+loads map it and read only the picked users' rows), and normalises features as the authors'
+``AOL4FOLTRDataset`` does (:func:`picked_rows`). ``metadata.csv``'s three columns are cached
+too. Each user's training queries come with their logged times, so a run can replay them when
+they were issued.
 
 Grades: the logged click (label 1) is stored as grade 2, the top of the 3-grade scale the
 cascade click models know, so a ``perfect`` user clicks exactly the logged document and the
@@ -26,11 +28,7 @@ others click it with their top-grade probability; nDCG is unchanged (one relevan
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
-import re
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,15 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from foltr_async.errors import DatasetError
-from foltr_async.ltr.data import (
-    _cache_key,
-    _iter_blocks,
-    _parse_block,
-    cache_dir,
-    normalise_per_query,
-    read_npz,
-    write_npz,
-)
+from foltr_async.ltr.cache import cache_dir, read_npz, write_npz
+from foltr_async.ltr.column_store import ColumnStore, Progress, file_key, read_store
 from foltr_async.ltr.queryset import QuerySet
 
 __all__ = [
@@ -57,8 +48,6 @@ __all__ = [
     "QueryLog",
     "UserLog",
     "load_aol",
-    "normalise_aol",
-    "read_letor_qids",
     "read_metadata",
     "select_users",
 ]
@@ -72,9 +61,8 @@ CLICKED_GRADE = 2
 METADATA, LETOR = "metadata.csv", "letor.txt"
 COLUMNS = ("qid", "user_id", "timestamp")
 SELECT = ("sample", "most_active")
-LOADER_VERSION = 1
-
-_NAN = re.compile(rb":nan(?=\s)")
+METADATA_VERSION = 1  # of the cached columns of metadata.csv
+_METADATA_FIELDS = ("qids", "users", "times", "lines")
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,119 +229,80 @@ def select_users(
     return np.sort(picked)
 
 
-def read_letor_qids(
-    path: str | os.PathLike[str], qids: np.ndarray, *, n_features: int = N_FEATURES
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The LETOR lines of ``qids`` (int64), streamed: lines of other qids are skipped by their
-    qid token alone, the others parsed and checked by the project's block parser (two blocks
-    in flight).
-
-    Returns ``(features, labels, counts, doc_line)``: rows grouped in the order of ``qids``
-    (file order within a qid), the number of rows per qid (0: none in the file) and each row's
-    line. A ``nan`` value reads as 0, as the authors' reader does.
-    """
-    path = Path(path)
-    wanted = np.unique(qids)
-    tokens = frozenset(f"qid:{q}".encode() for q in wanted.tolist())
-    kept: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    line0 = 0
-    pending: deque[Future] = deque()
+def cached_metadata(path: Path, *, cache: bool = True) -> QueryLog:
+    """:func:`read_metadata`, kept in the cache folder between runs (keyed as stores are)."""
+    if not cache:
+        return read_metadata(path)
     try:
-        with open(path, "rb") as fh, ThreadPoolExecutor(max_workers=2) as pool:
-            for raw in _iter_blocks(fh):
-                pending.append(pool.submit(_keep, raw, line0, path, n_features, wanted, tokens))
-                line0 += raw.count(b"\n")
-                while len(pending) > 2:
-                    _take(pending.popleft(), kept, pending)
-            while pending:
-                _take(pending.popleft(), kept, pending)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: does not exist (an AOL4FOLTR folder holds {LETOR})") from None
+        key = file_key(path, f"aol metadata v{METADATA_VERSION}")
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if kept:
-        q = np.concatenate([k[0] for k in kept])
-        labels = np.concatenate([k[1] for k in kept])
-        dense = np.concatenate([k[2] for k in kept])
-        lines = np.concatenate([k[3] for k in kept])
-    else:
-        q = np.zeros(0, dtype=np.int64)
-        labels = np.zeros(0, dtype=np.int8)
-        dense = np.zeros((0, n_features), dtype=np.float32)
-        lines = np.zeros(0, dtype=np.int64)
-    # group by the caller's qid order, keeping file order within a qid
-    by_qid = np.argsort(qids, kind="stable")
-    pos = by_qid[np.searchsorted(qids[by_qid], q)]
-    counts = np.bincount(pos, minlength=len(qids))
-    if len(pos) > 1 and (np.diff(pos) < 0).any():  # the release is already in logged order
-        perm = np.argsort(pos, kind="stable")
-        dense, labels, lines = dense[perm], labels[perm], lines[perm]
-    return dense, labels, counts, lines
+    entry = cache_dir() / f"aolmeta-{key[:40]}.npz"
+    got = read_npz(entry, _METADATA_FIELDS)
+    if got is not None and all(
+        a.dtype == np.int64 and a.shape == got["qids"].shape for a in got.values()
+    ):
+        return QueryLog(path, *(got[k] for k in _METADATA_FIELDS))
+    log = read_metadata(path)
+    write_npz(entry, {k: getattr(log, k) for k in _METADATA_FIELDS})
+    return log
 
 
-def _keep(
-    raw: bytes, line0: int, path: Path, n_features: int, wanted: np.ndarray, tokens: frozenset
-):
-    """Parse one block (``data._parse_block``), keep the rows of ``wanted`` qids, padded to
-    ``n_features`` columns. Lines whose second token is not a wanted ``qid:`` token are blanked
-    first (line numbers stay), so a pick of a few users parses a few percent of the file."""
-    lines = raw.split(b"\n")
-    keep = [len(t := line.split(None, 2)) > 1 and t[1] in tokens for line in lines]
-    if not any(keep):
-        return None
-    if not all(keep[:-1]):
-        raw = b"\n".join(line if k else b"" for line, k in zip(lines, keep, strict=True))
-    if b"nan" in raw:
-        raw = _NAN.sub(b":0", raw)
-    blk = _parse_block(raw, line0, path, n_features)
-    if blk is None:
-        return None
-    try:
-        q = blk.qids.astype(np.int64)
-    except ValueError:
-        bad = next(i for i, x in enumerate(blk.qids.tolist()) if not x.strip().isdigit())
-        raise DatasetError(
-            f"{path}:{blk.doc_line[bad]}: expected an integer qid (AOL4FOLTR's), "
-            f"got {blk.qids[bad].decode('utf-8', 'replace')[:40]!r}"
-        ) from None
-    bad = np.flatnonzero(blk.labels > 1)
+def letor_store(path: Path, *, cache: bool = True, progress: Progress | None = None) -> ColumnStore:
+    """``letor.txt``'s store (103 features, ``nan`` read as 0, as the authors' reader does),
+    its labels checked (:func:`column_store.read_store`)."""
+    store = read_store(
+        path, cache=cache, n_features=N_FEATURES, nan_as_zero=True, progress=progress
+    )
+    bad = np.flatnonzero(store.labels > 1)
     if len(bad):
+        q = int(np.searchsorted(store.qptr, bad[0], side="right")) - 1
+        k = int(bad[0] - store.qptr[q])
         raise DatasetError(
-            f"{path}:{blk.doc_line[bad[0]]}: expected label 0 or 1 (1: the document the user "
-            f"clicked), got {blk.labels[bad[0]]}"
+            f"{path}:{store.lines[q] + k}: expected label 0 or 1 (1: the document the user "
+            f"clicked), got {store.labels[bad[0]]}"
+            + (f" (document {k + 1} of qid {store.qids[q].decode()})" if k else "")
         )
-    keep = np.isin(q, wanted)
-    if not keep.any():
-        return None
-    dense = np.zeros((int(keep.sum()), n_features), dtype=np.float32)
-    dense[:, : blk.dense.shape[1]] = blk.dense[keep]
-    return q[keep], blk.labels[keep], dense, blk.doc_line[keep]
+    return store
 
 
-def _take(fut: Future, kept: list, pending: deque[Future]) -> None:
-    """Append a finished block; on its error cancel the rest so the first error wins."""
+def store_qids(store: ColumnStore, path: Path) -> np.ndarray:
+    """The store's qids as integers (AOL4FOLTR's are); one line naming the first that is not."""
     try:
-        got = fut.result()
-    except BaseException:
-        for other in pending:
-            other.cancel()
-        raise
-    if got is not None:
-        kept.append(got)
+        return store.qids.astype(np.int64)
+    except ValueError:
+        bad = next(i for i, x in enumerate(store.qids.tolist()) if not x.strip().isdigit())
+        raise DatasetError(
+            f"{path}:{store.lines[bad]}: expected an integer qid (AOL4FOLTR's), "
+            f"got {store.qids[bad].decode('utf-8', 'replace')[:40]!r}"
+        ) from None
 
 
-def normalise_aol(features: np.ndarray, qptr: np.ndarray) -> np.ndarray:
-    """The authors' normalisation (``AOL4FOLTRDataset``): min-max per query for every feature
-    but :data:`GLOBAL_FEATURES`, which are min-maxed over all the given rows instead (a
-    constant one keeps its raw value, as there). Returns a new float32 array."""
-    out = normalise_per_query(features, qptr)
-    raw = np.asarray(features[:, GLOBAL_FEATURES], dtype=np.float32)
+def picked_rows(
+    store: ColumnStore, store_ids: np.ndarray, qids: np.ndarray, *, normalise: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents of ``qids`` from the store, grouped in the order of ``qids``: ``(features,
+    labels, counts)``, ``counts`` the documents per qid (0: not in the file). ``normalise``: the
+    authors' normalisation (``AOL4FOLTRDataset``): min-max per query for every feature but
+    :data:`GLOBAL_FEATURES`, which are min-maxed over all the picked rows instead (a constant one
+    keeps its raw value, as there)."""
+    by_id = np.argsort(store_ids, kind="stable")
+    at = np.searchsorted(store_ids[by_id], qids)
+    found = at < len(by_id)
+    found[found] = store_ids[by_id[at[found]]] == qids[found]
+    q = by_id[np.where(found, at, 0)]
+    counts = np.where(found, store.qptr[q + 1] - store.qptr[q], 0)
+    if not normalise:
+        features, labels = store.read(q[found], [store.features, store.labels])
+        return features, labels, counts
+    features, labels = store.read(q[found], [store.scaled(keep=GLOBAL_FEATURES), store.labels])
+    raw = features[:, GLOBAL_FEATURES]  # kept raw in the store's scaled copy
     if len(raw):
         lo = raw.min(axis=0)
         span = raw.max(axis=0) - lo
         scaled = (raw - lo) / np.where(span > 0, span, 1)
-        out[:, GLOBAL_FEATURES] = np.where(span > 0, scaled, raw)
-    return out
+        features[:, GLOBAL_FEATURES] = np.where(span > 0, scaled, raw)
+    return features, labels, counts
 
 
 def aol_files(folder: str | Path) -> tuple[Path, Path]:
@@ -384,28 +333,16 @@ def load_aol(
     test_fraction: float = 0.2,
     normalise: bool = True,
     cache: bool = True,
+    progress: Progress | None = None,
 ) -> AolData:
     """Pick ``n_users`` users of an AOL4FOLTR folder, split their queries in time, read their
-    LETOR lines; see the module docstring. Parsed results are cached like LETOR files
-    (content-keyed, ``data.cache_dir``)."""
+    LETOR lines; see the module docstring. ``progress(file, bytes_done, size)`` follows a
+    conversion of ``letor.txt``."""
     folder = Path(folder)
     meta, letor = aol_files(folder)
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    entry = None
-    if cache:
-        opts = f"aol v{LOADER_VERSION} {n_users} {min_queries} {select} {seed} {test_fraction}"
-        h = hashlib.sha256(opts.encode() + f" norm={normalise}".encode())
-        for f in (meta, letor):
-            try:
-                h.update(_cache_key(f, None, False).encode())
-            except OSError as exc:
-                raise DatasetError(f"{f}: cannot read ({exc.strerror or exc})") from None
-        entry = cache_dir() / f"aol-{h.hexdigest()[:40]}.npz"
-        got = read_npz(entry, _CACHE_FIELDS)
-        if got is not None:
-            return _from_arrays(got, folder.name)
-    log = read_metadata(meta)
+    log = cached_metadata(meta, cache=cache)
     users = select_users(log, n_users, min_queries, select, np.random.default_rng(seed))
     rows = np.flatnonzero(np.isin(log.users, users))
     rows = rows[np.lexsort((log.qids[rows], log.times[rows]))]  # logged order, ties by qid
@@ -417,7 +354,10 @@ def load_aol(
             f"{test_fraction}"
         )
     qids = log.qids[rows]
-    features, labels, counts, _ = read_letor_qids(letor, qids)
+    store = letor_store(letor, cache=cache, progress=progress)
+    features, labels, counts = picked_rows(
+        store, store_qids(store, letor), qids, normalise=normalise
+    )
     if (counts == 0).any():
         i = int(np.argmax(counts == 0))
         raise DatasetError(
@@ -426,42 +366,13 @@ def load_aol(
         )
     qptr = np.zeros(len(qids) + 1, dtype=np.int64)
     np.cumsum(counts, out=qptr[1:])
-    if normalise:
-        features = normalise_aol(features, qptr)
     labels = np.where(labels > 0, CLICKED_GRADE, 0).astype(np.int8)
-    t = log.times[rows]
-    arrays = {
-        "features": features,
-        "labels": labels,
-        "qptr": qptr,
-        "qids": qids.astype(str),
-        "n_train": np.array([n_train]),
-        "user": log.users[rows[:n_train]],
-        "offset": (t[:n_train] - t[0]).astype(np.float64),
-        "picked": users,
-    }
-    if entry is not None:
-        write_npz(entry, arrays)
-    return _from_arrays(arrays, folder.name)
-
-
-_CACHE_FIELDS = ("features", "labels", "qptr", "qids", "n_train", "user", "offset", "picked")
-
-
-def _from_arrays(a: dict[str, np.ndarray], name: str) -> AolData:
-    """The training / test QuerySets and per-user logs of :func:`load_aol`'s arrays."""
-    whole = QuerySet(
-        np.ascontiguousarray(a["features"], dtype=np.float32),
-        np.asarray(a["labels"], dtype=np.int8),
-        np.asarray(a["qptr"], dtype=np.int64),
-        np.asarray(a["qids"], dtype=str),
-        name=name,
-    )
-    n_train = int(a["n_train"][0])
+    whole = QuerySet(features, labels, qptr, qids.astype(str), name=folder.name)
     train, test = _split(whole, n_train)
-    user, offset = a["user"], a["offset"]
+    t = log.times[rows]
+    user, offset = log.users[rows[:n_train]], (t[:n_train] - t[0]).astype(np.float64)
     logs = []
-    for u in a["picked"].tolist():
+    for u in users.tolist():
         mine = np.flatnonzero(user == u)  # ascending: logged order
         logs.append(UserLog(int(u), mine, offset[mine]))
     return AolData(train, test, tuple(logs))

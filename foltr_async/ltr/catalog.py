@@ -28,7 +28,7 @@ import numpy as np
 
 from foltr_async.errors import DatasetError
 from foltr_async.ltr.clicks import grade_scale
-from foltr_async.ltr.data import check_line, scan_letor
+from foltr_async.ltr.letor_parse import check_line, scan_letor
 
 SPLITS = ("train", "vali", "test")
 #: text per parsed block: 4 MiB peaks at ~210 MB resident on an MSLR-like file where the

@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``starts[0]..starts[0]+sizes[0]-1``, then the next range, ...: the document rows of
+    queries whose first rows and document counts are given (int64)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.repeat(np.asarray(starts, dtype=np.int64) - ends + sizes, sizes) + np.arange(total)
+
+
 @dataclass(frozen=True, eq=False)
 class QuerySet:
     """Documents of many queries, stored query after query.
@@ -62,8 +71,7 @@ class QuerySet:
         sizes = self.qptr[queries + 1] - self.qptr[queries]
         qptr = np.zeros(len(queries) + 1, dtype=np.int64)
         np.cumsum(sizes, out=qptr[1:])
-        # document offsets of every kept query, in order: start of its query + rank within it
-        idx = np.repeat(self.qptr[queries] - qptr[:-1], sizes) + np.arange(qptr[-1])
+        idx = ranges(self.qptr[queries], sizes)
         return QuerySet(
             features=np.ascontiguousarray(self.features[idx]),
             labels=self.labels[idx].copy(),

@@ -66,7 +66,8 @@ import numpy as np
 
 from foltr_async import rng as rng_module
 from foltr_async.errors import DatasetError
-from foltr_async.ltr.data import cache_dir, read_npz, write_letor, write_npz
+from foltr_async.ltr.cache import cache_dir, read_npz, write_npz
+from foltr_async.ltr.data import write_letor
 from foltr_async.ltr.queryset import QuerySet
 from foltr_async.rng import stream
 
@@ -212,7 +213,7 @@ def make_dataset(
     """Train/vali/test QuerySets (60/20/20 of the queries) of a profile; same seed, same bytes.
 
     Generating takes about a second at default sizes, most of a run's start-up; the splits are
-    therefore kept in the LETOR cache directory (``ltr.data.cache_dir``), keyed by the profile's
+    therefore kept in the LETOR cache directory (``ltr.cache.cache_dir``), keyed by the profile's
     knobs, seed, size, numpy's version and this generator's source, so a second run loads them
     (~0.1 s) and a changed generator can never be served stale.
     """
