@@ -659,6 +659,10 @@ def _cmd_validate(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from foltr_async.scenario.load import load_scenario
 
+    if args.build:  # building may convert datasets: only warnings go to stderr, never stdout
+        from foltr_async.observe.log import configure_logging
+
+        configure_logging(events_path=None, json_logs=False, level="warning", console=False)
     failed = 0
     for path in args.scenario:
         try:
