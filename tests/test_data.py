@@ -562,3 +562,36 @@ def test_random_bytes_never_raise_anything_but_dataset_error(tmp_path, blob):
         load_letor(p, cache=False)
     except DatasetError as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_normalised_load_maps_the_stores_scaled_copy_after_the_first(tmp_path, monkeypatch):
+    from foltr_async.ltr import scaling
+
+    p = _write(tmp_path, "".join(f"{i % 3} qid:{i // 4} 1:{i} 2:{i % 5} 3:7\n" for i in range(40)))
+    first = np.array(load_letor(p, normalise=True).features)
+    calls = []
+    real = scaling.normalise_per_query
+    monkeypatch.setattr(column_store, "normalise_per_query", lambda *a: calls.append(1) or real(*a))
+    again = load_letor(p, normalise=True)
+    assert calls == [] and isinstance(again.features.base, np.memmap)
+    np.testing.assert_array_equal(again.features, first)
+    (store,) = _stores()
+    scaled = store / "scaled.f32"
+    raw = bytearray(scaled.read_bytes())
+    raw[5] ^= 0x10  # a damaged copy is made again
+    scaled.write_bytes(bytes(raw))
+    np.testing.assert_array_equal(load_letor(p, normalise=True).features, first)
+    assert calls  # scaled again, chunk by chunk
+    calls.clear()
+    load_letor(p, normalise=True)
+    assert calls == []
+
+
+def test_a_store_another_process_published_first_is_kept(tmp_path):
+    p = _write(tmp_path, "1 qid:1 1:1\n0 qid:2 1:2\n")
+    load_letor(p)
+    (store,) = _stores()
+    twin = store.with_name(store.name + ".tmp-other")
+    column_store._convert(p, twin, None, False, None)  # a second conversion, finished later
+    column_store._publish(twin, store)
+    assert not twin.exists() and column_store.open_store(store) is not None
