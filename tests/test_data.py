@@ -595,3 +595,16 @@ def test_a_store_another_process_published_first_is_kept(tmp_path):
     column_store._convert(p, twin, None, False, None)  # a second conversion, finished later
     column_store._publish(twin, store)
     assert not twin.exists() and column_store.open_store(store) is not None
+
+
+def test_a_large_conversion_nobody_follows_logs_its_tenths(tmp_path, monkeypatch):
+    from structlog.testing import capture_logs
+
+    monkeypatch.setattr(column_store, "CONVERT_BLOCK", 64)
+    monkeypatch.setattr(column_store, "PROGRESS_LOG_BYTES", 0)  # a run's view of a large file
+    p = _write(tmp_path, "".join(f"0 qid:{i} 1:{i}\n" for i in range(400)))
+    with capture_logs() as events:
+        load_letor(p)
+    shown = [e["percent"] for e in events if e["event"] == "dataset_conversion_progress"]
+    assert shown == list(range(10, 101, 10))
+    assert [e["event"] for e in events][-1] == "dataset_converted"

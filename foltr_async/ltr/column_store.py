@@ -69,6 +69,7 @@ CONVERT_BLOCK = 1 << 23
 #: the largest feature file whose CRC is checked each time it is opened (~0.5 s)
 VERIFY_BYTES = 1 << 30
 _FINGERPRINT = 1 << 20  # bytes read from each end of the file for the store's key
+PROGRESS_LOG_BYTES = 256 << 20  # a conversion of a file this large logs its progress
 _CHUNK_ROWS = 1 << 16  # rows per copy when a store is widened or grouped on disk
 FEATURES, LABELS, META = "features.f32", "labels.i8", "store.json"
 _ARRAYS = ("qptr", "qids", "lines")
@@ -343,10 +344,10 @@ def _convert(
         blocks = scan_letor(
             path, n_features=n_features, block=CONVERT_BLOCK, nan_as_zero=nan_as_zero
         )
+        progress = progress or _logged_tenths()
         for blk in blocks:
             writer.add(blk, path)
-            if progress is not None:
-                progress(path, blk.bytes_done, size)
+            progress(path, blk.bytes_done, size)
         writer.finish(path)
         _publish(tmp, folder)
     except OSError as exc:
@@ -372,6 +373,25 @@ def _convert(
         docs_per_s=round(len(store.labels) / max(seconds, 1e-9)),
     )
     return store
+
+
+def _logged_tenths() -> Progress:
+    """A conversion's progress when nobody asked for it (a run's): a log event at every tenth
+    of a file of at least ``PROGRESS_LOG_BYTES``."""
+    shown = [0]
+
+    def progress(path: Path, done: int, size: int) -> None:
+        tenth = done * 10 // max(size, 1)
+        if size >= PROGRESS_LOG_BYTES and tenth > shown[0]:
+            shown[0] = tenth
+            log.info(
+                "dataset_conversion_progress",
+                file=str(path),
+                percent=10 * tenth,
+                mb=round(done / 2**20),
+            )
+
+    return progress
 
 
 def _publish(tmp: Path, folder: Path) -> None:

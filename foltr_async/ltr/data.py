@@ -3,7 +3,7 @@
 A file is parsed once (:mod:`ltr.letor_parse`) into a memory-mapped columnar store
 (:mod:`ltr.column_store`) under the cache folder; later loads map the store instead of reading
 the text. With ``cache=False``, or when the cache folder cannot be written (the run says so), a
-file is parsed into memory instead, with the same result.
+file is converted into a temporary store removed at once, with the same result.
 """
 
 from __future__ import annotations
