@@ -78,3 +78,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def conversions(monkeypatch) -> list:
+    """The LETOR-to-store conversions a test makes (their arguments), counted as they run."""
+    from foltr_async.ltr import column_store
+
+    calls: list = []
+    real = column_store._convert
+    monkeypatch.setattr(column_store, "_convert", lambda *a: calls.append(a) or real(*a))
+    return calls

@@ -405,15 +405,13 @@ def test_a_replayed_log_over_zeromq_is_one_line_before_anything_starts(tmp_path,
     assert not (out / "results.json").exists() and not (out / "workers").exists()
 
 
-def test_later_loads_map_the_store_and_the_cached_metadata(release, monkeypatch):
-    from foltr_async.ltr import aol, column_store
+def test_later_loads_map_the_store_and_the_cached_metadata(release, monkeypatch, request):
+    from foltr_async.ltr import aol
 
     first = load_aol(release, 3, seed=2)
-    conversions, reads = [], []
-    real_convert, real_read = column_store._convert, aol.read_metadata
-    monkeypatch.setattr(
-        column_store, "_convert", lambda *a: conversions.append(a) or real_convert(*a)
-    )
+    conversions = request.getfixturevalue("conversions")  # counting from here
+    reads = []
+    real_read = aol.read_metadata
     monkeypatch.setattr(aol, "read_metadata", lambda p: reads.append(p) or real_read(p))
     again = load_aol(release, 3, seed=2)
     other = load_aol(release, 4, select="most_active", normalise=False)

@@ -208,16 +208,9 @@ def _stores() -> list[Path]:
     return sorted(cache_dir().glob("store-*"))
 
 
-def _counting_conversions(monkeypatch) -> list:
-    calls: list = []
-    real = column_store._convert
-    monkeypatch.setattr(column_store, "_convert", lambda *a: calls.append(a) or real(*a))
-    return calls
-
-
-def test_store_hit_changed_file_and_options(tmp_path, monkeypatch):
+def test_store_hit_changed_file_and_options(tmp_path, conversions):
     p = _write(tmp_path, "1 qid:1 1:0.5 2:1\n0 qid:2 1:2\n")
-    calls = _counting_conversions(monkeypatch)
+    calls = conversions
     first = load_letor(p)
     assert len(_stores()) == 1 and len(calls) == 1
     again = load_letor(p)
@@ -238,7 +231,7 @@ def test_store_hit_changed_file_and_options(tmp_path, monkeypatch):
     "damage",
     ["truncate features", "flip a feature byte", "drop store.json", "flip a qptr byte"],
 )
-def test_a_damaged_store_is_built_again(tmp_path, monkeypatch, damage):
+def test_a_damaged_store_is_built_again(tmp_path, request, damage):
     p = _write(tmp_path, "".join(f"{i % 2} qid:{i // 3} 1:{i} 2:{i * 0.5}\n" for i in range(30)))
     ref = load_letor(p)
     ref = dataclasses.replace(ref, features=np.array(ref.features))  # the damage edits in place
@@ -257,7 +250,7 @@ def test_a_damaged_store_is_built_again(tmp_path, monkeypatch, damage):
         raw[-3] ^= 0x01
         (store / "qptr.npy").write_bytes(bytes(raw))
     assert column_store.open_store(store) is None
-    calls = _counting_conversions(monkeypatch)
+    calls = request.getfixturevalue("conversions")  # counting from here, after the damage
     assert _same(load_letor(p), ref) and len(calls) == 1
     assert _same(load_letor(p), ref) and len(calls) == 1  # the rebuilt store is used again
 
@@ -598,13 +591,19 @@ def test_a_store_another_process_published_first_is_kept(tmp_path):
 
 
 def test_a_large_conversion_nobody_follows_logs_its_tenths(tmp_path, monkeypatch):
+    import structlog
     from structlog.testing import capture_logs
 
     monkeypatch.setattr(column_store, "CONVERT_BLOCK", 64)
     monkeypatch.setattr(column_store, "PROGRESS_LOG_BYTES", 0)  # a run's view of a large file
     p = _write(tmp_path, "".join(f"0 qid:{i} 1:{i}\n" for i in range(400)))
-    with capture_logs() as events:
-        load_letor(p)
+    was = structlog.get_config()  # a CLI test may have left an info-filtering logger behind
+    structlog.reset_defaults()
+    try:
+        with capture_logs() as events:
+            load_letor(p)
+    finally:
+        structlog.configure(**was)
     shown = [e["percent"] for e in events if e["event"] == "dataset_conversion_progress"]
     assert shown == list(range(10, 101, 10))
     assert [e["event"] for e in events][-1] == "dataset_converted"
